@@ -1,0 +1,3 @@
+from xlarun.cli import main
+
+main()

@@ -1,0 +1,127 @@
+"""The agent: runs attempts of the worker group until it succeeds, fails for good or is stopped.
+
+Usage::
+
+    exit_code = Agent(config, device_plan, rendezvous, environ).run()
+
+One attempt is: meet the other nodes (a no-op on one node), build the worker specs,
+supervise the group. A failed attempt with restarts left starts the group again with
+``TORCHELASTIC_RESTART_COUNT`` one higher and a fresh ``attempt_<n>`` log directory.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Mapping, Optional
+
+from xlarun.config import LaunchConfig
+from xlarun.logs import make_run_log_dir, plan_worker_logs
+from xlarun.plan import DevicePlan, worker_variables
+from xlarun.ranks import NodeAssignment
+from xlarun.rendezvous import Rendezvous
+from xlarun.report import FailureRecord, RunSummary, failure_as_dict, format_report, signal_name
+from xlarun.supervisor import GroupOutcome, OrphanGuard, SignalInbox, WorkerGroup, WorkerSpec
+
+
+def say(message: str) -> None:
+    """One line from the launcher on stderr."""
+    sys.stderr.write(f"xlarun: {message}\n")
+    sys.stderr.flush()
+
+
+class Agent:
+    def __init__(self, config: LaunchConfig, device: DevicePlan, rendezvous: Rendezvous,
+                 environ: Mapping[str, str], nproc_per_node: int):
+        self.config = config
+        self.device = device
+        self.rendezvous = rendezvous
+        self.environ = dict(environ)
+        self.nproc_per_node = nproc_per_node
+        self.summary: Optional[RunSummary] = None
+        self._run_dir = ""
+
+    def run(self) -> int:
+        guard = OrphanGuard().start()
+        try:
+            with SignalInbox() as inbox:
+                code = self._attempts(inbox, guard)
+        finally:
+            guard.release()
+            self.rendezvous.close()
+        if self.summary is not None and self.config.summary_file:
+            self.summary.exit_code = code
+            self.summary.write(self.config.summary_file)
+        return code
+
+    def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> int:
+        for attempt in range(self.config.max_restarts + 1):
+            node = self.rendezvous.assign(attempt, self.nproc_per_node)
+            if self.summary is None:
+                self.summary = RunSummary(run_id=node.run_id)
+                self._run_dir = make_run_log_dir(self.config.log_dir, node.run_id)
+            self.summary.restarts = attempt
+            group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.kill_timeout, guard=guard,
+                                on_failure=lambda result, n=node: self.rendezvous.publish_failure(
+                                    FailureRecord.from_result(result, n.node_rank)))
+            self.rendezvous.watch(group.request_stop)
+            outcome = group.run(inbox)
+            self.summary.add_attempt(attempt, outcome.results)
+            self.rendezvous.finish_attempt(outcome.succeeded)
+            if outcome.succeeded:
+                return 0
+            if outcome.launcher_signal is not None:
+                return self._stopped_by_signal(outcome.launcher_signal)
+            failures = self._failures(outcome, node)
+            if attempt < self.config.max_restarts:
+                root = failures[0] if failures else None
+                cause = describe(root) if root else (outcome.stop_reason or "stopped")
+                say(f"attempt {attempt} failed ({cause}); restarting the worker group "
+                    f"(restart {attempt + 1} of {self.config.max_restarts})")
+                continue
+            return self._fail(failures, outcome)
+        return 1
+
+    def _specs(self, node: NodeAssignment, attempt: int) -> list[WorkerSpec]:
+        specs = []
+        for local_rank in range(node.local_world_size):
+            rank = node.global_rank(local_rank)
+            logs = plan_worker_logs(self.config, self._run_dir, attempt, local_rank, rank)
+            variables = worker_variables(self.config, node, local_rank, self.device, self.environ, logs.error_file)
+            specs.append(WorkerSpec(local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank),
+                                    env={**self.environ, **variables}, logs=logs))
+        return specs
+
+    def _failures(self, outcome: GroupOutcome, node: NodeAssignment) -> list[FailureRecord]:
+        local = [FailureRecord.from_result(result, node.node_rank) for result in outcome.failures]
+        remote = sorted(self.rendezvous.remote_failures(), key=lambda failure: failure.time)
+        # The first failure this node saw stays first; other nodes' follow in time order.
+        return local + remote
+
+    def _fail(self, failures: list[FailureRecord], outcome: GroupOutcome) -> int:
+        assert self.summary is not None
+        self.summary.result = "failed"
+        if not failures:
+            say(f"workers stopped: {outcome.stop_reason or 'stop requested'}")
+            return 1
+        root = failures[0]
+        self.summary.root_cause = failure_as_dict(root)
+        sys.stderr.write(format_report(self.config.command.script, failures) + "\n")
+        sys.stderr.flush()
+        return root.exit_status
+
+    def _stopped_by_signal(self, number: int) -> int:
+        assert self.summary is not None
+        self.summary.result = "signalled"
+        self.summary.launcher_signal = signal_name(number)
+        say(f"received {signal_name(number)}: workers stopped")
+        return 128 + number
+
+
+def describe(failure: FailureRecord) -> str:
+    if failure.returncode < 0:
+        how = f"was killed by {signal_name(-failure.returncode)}"
+    else:
+        how = f"exited with code {failure.returncode}"
+    where = f" on node {failure.node_rank}" if failure.node_rank else ""
+    return f"rank {failure.rank}{where} {how}"
+

@@ -1,0 +1,124 @@
+"""The failure report (torchrun's "Root Cause" block) and the JSON summary file.
+
+The report keeps torchrun's layout so people and log parsers recognise it, without the
+launcher traceback torchrun prints before it. The root cause is the first failure the
+launcher observed; its traceback comes from the worker's error file (``@record``) or,
+failing that, from the last lines it wrote to stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any, Optional
+
+from xlarun.errorfile import read_error_file
+from xlarun.supervisor import WorkerResult
+
+NOT_AVAILABLE = "<N/A>"
+MAX_WIDTH = 60
+
+
+@dataclass(frozen=True)
+class FailureRecord:
+    """One failed worker, as it appears in the report; JSON-ready so other nodes can share it."""
+
+    rank: int
+    local_rank: int
+    returncode: int
+    pid: int
+    time: float
+    host: str
+    error_file: str = NOT_AVAILABLE
+    traceback: str = NOT_AVAILABLE
+    node_rank: int = 0
+
+    @property
+    def exit_status(self) -> int:
+        return 128 - self.returncode if self.returncode < 0 else self.returncode
+
+    @classmethod
+    def from_result(cls, result: WorkerResult, node_rank: int = 0) -> "FailureRecord":
+        recorded = read_error_file(result.error_file)
+        returncode = result.returncode if result.returncode is not None else 1
+        if recorded is not None:
+            text = recorded.traceback
+        elif returncode < 0:
+            text = f"Signal {-returncode} ({signal_name(-returncode)}) received by PID {result.pid}"
+        else:
+            text = "\n".join(result.stderr_tail) or NOT_AVAILABLE
+        return cls(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
+                   time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
+                   host=socket.getfqdn(), error_file=result.error_file if recorded else NOT_AVAILABLE,
+                   traceback=text.rstrip("\n"), node_rank=node_rank)
+
+
+def signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
+
+
+def format_failure(index: int, failure: FailureRecord) -> str:
+    stamp = datetime.fromtimestamp(int(failure.time)).isoformat(sep="_")
+    traceback = failure.traceback.replace("\n", "\n  ")
+    return (f"[{index}]:\n"
+            f"  time      : {stamp}\n"
+            f"  host      : {failure.host}\n"
+            f"  rank      : {failure.rank} (local_rank: {failure.local_rank})\n"
+            f"  exitcode  : {failure.returncode} (pid: {failure.pid})\n"
+            f"  error_file: {failure.error_file}\n"
+            f"  traceback : {traceback}")
+
+
+def format_report(name: str, failures: list[FailureRecord]) -> str:
+    """torchrun's summary block; ``failures[0]`` is the root cause."""
+    title = f"{name} FAILED"
+    blocks = [format_failure(index, failure) for index, failure in enumerate(failures)]
+    width = min(MAX_WIDTH, max([len(title)] + [len(line) for block in blocks for line in block.split("\n")]))
+    others = "\n".join(blocks[1:]) or "  <NO_OTHER_FAILURES>"
+    return "\n".join(["", "=" * width, title, "-" * width, "Failures:", others, "-" * width,
+                      "Root Cause (first observed failure):", blocks[0], "=" * width])
+
+
+@dataclass
+class RunSummary:
+    """What ``--summary-file`` records for CI scripts."""
+
+    run_id: str
+    exit_code: int = 0
+    result: str = "succeeded"
+    restarts: int = 0
+    launcher_signal: Optional[str] = None
+    root_cause: Optional[dict[str, Any]] = None
+    attempts: list[dict[str, Any]] = field(default_factory=list)
+
+    def add_attempt(self, number: int, results: list[WorkerResult]) -> None:
+        self.attempts.append({"attempt": number, "workers": [
+            {"rank": r.rank, "local_rank": r.local_rank, "pid": r.pid,
+             "exitcode": r.returncode if r.returncode is None or r.returncode >= 0 else None,
+             "signal": signal_name(r.signal_number) if r.signal_number else None,
+             "start_time": r.started_at, "end_time": r.ended_at}
+            for r in results]})
+
+    def write(self, path: str) -> None:
+        directory = os.path.dirname(os.path.abspath(path))
+        os.makedirs(directory, exist_ok=True)
+        temporary = f"{path}.tmp{os.getpid()}"
+        with open(temporary, "w") as handle:
+            json.dump(asdict(self), handle, indent=2)
+            handle.write("\n")
+        os.replace(temporary, path)
+
+
+def failure_as_dict(failure: FailureRecord) -> dict[str, Any]:
+    data = asdict(failure)
+    data["exit_status"] = failure.exit_status
+    if failure.returncode < 0:
+        data["signal"] = signal_name(-failure.returncode)
+    return data
