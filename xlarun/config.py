@@ -332,7 +332,7 @@ def build_config(given: Mapping[str, Optional[str]], script: Optional[str], scri
         rdzv_backend, rdzv_endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if rdzv_backend in ("etcd", "etcd-v2"):
         raise UsageError(f"--rdzv-backend={rdzv_backend} is not supported by xlarun: use static or c10d")
-    if rdzv_endpoint:
+    if rdzv_endpoint and not standalone:
         raw.parsed("rdzv_endpoint", lambda text: split_endpoint(text, DEFAULT_C10D_PORT),
                    "expected host[:port], IPv6 as [addr]:port")
 

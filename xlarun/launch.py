@@ -104,7 +104,8 @@ def plan_device(own: Mapping[str, Optional[str]], config: LaunchConfig, environ:
                     say(line)
         return planned
 
-    return DevicePlan(device=device, runtime=runtime, variables=variables, spmd=options.spmd)
+    explicit = requested != "auto" or "PJRT_DEVICE" in environ
+    return DevicePlan(device=device, runtime=runtime, variables=variables, spmd=options.spmd, explicit=explicit)
 
 
 def local_worker_count(config: LaunchConfig, device: DevicePlan) -> int:
@@ -122,9 +123,9 @@ def local_worker_count(config: LaunchConfig, device: DevicePlan) -> int:
         count = local_unit_count(device.device, host_root(os.environ)) or resolve_nproc("auto")
     else:
         count = resolve_nproc(config.nproc_source)
-    if device.device == "cpu" and count > 1 and not config.dry_run:
-        say(f"--device cpu with {count} processes: PJRT's CPU client has no cross-process collectives, so "
-            "XLA work in each process runs alone (use --spmd --virtual-devices N, or the gloo backend)")
+    if device.explicit and device.device == "cpu" and count > 1 and not config.dry_run:
+        say(f"warning: {count} CPU processes: PJRT's CPU client has no cross-process collectives, so each "
+            "XLA process runs alone; use --spmd --virtual-devices N, or the gloo backend")
     return count
 
 

@@ -25,6 +25,7 @@ class DevicePlan:
     runtime: str = "pjrt"
     variables: Optional[DeviceVariables] = None
     spmd: bool = False
+    explicit: bool = False
 
 
 def worker_variables(config: LaunchConfig, node: NodeAssignment, local_rank: int, device: DevicePlan,

@@ -1,0 +1,28 @@
+"""Every worker all-reduces its rank over gloo and prints the sum.
+
+    xlarun --nproc_per_node 2 examples/allreduce.py
+
+Each worker prints ``rank=R world=W sum=S``; S is 0+1+...+(W-1) on every worker.
+"""
+
+import os
+
+import torch
+import torch.distributed as dist
+
+import xlarun
+
+
+@xlarun.record
+def main() -> None:
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    value = torch.tensor([float(rank)])
+    dist.all_reduce(value)
+    print(f"rank={rank} world={world} sum={int(value.item())} host={os.uname().nodename} "
+          f"local_rank={os.environ['LOCAL_RANK']}", flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
