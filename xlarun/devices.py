@@ -1,0 +1,181 @@
+"""Which XLA device a host has and how many local units (processes) it offers.
+
+Everything here reads files under a root directory (``/`` on a real host, a fake
+tree in tests, see :func:`host_root`) and never imports torch or torch_xla, so the
+launcher can decide before any worker exists.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import Mapping
+
+from xlarun.exceptions import UsageError
+
+DEVICES = ("auto", "tpu", "neuron", "cuda", "cpu", "xpu")
+"""What ``--device`` accepts. Every name but ``auto`` is also a resolved device."""
+
+HOST_ROOT_VARIABLE = "XLARUN_HOST_ROOT"
+
+_PJRT_NAMES = {"tpu": "TPU", "neuron": "NEURON", "cuda": "CUDA", "cpu": "CPU", "xpu": "XPU"}
+
+# torch_xla 2.0 and 2.1 spelled XLA:GPU as PJRT_DEVICE=GPU; it is the same device.
+_FROM_PJRT_NAME = {**{pjrt: device for device, pjrt in _PJRT_NAMES.items()}, "GPU": "cuda"}
+
+GOOGLE_PCI_VENDOR = "0x1ae0"
+TPU_PCI_DEVICE_GENERATIONS: Mapping[str, int | None] = {
+    "0x0027": 3,  # v2 and v3 share an id; torch_xla treats both alike
+    "0x005e": 4,
+    "0x0063": 5,  # v5e
+    "0x006f": 6,  # v6e
+    "0x0076": 7,  # TPU7x
+    "0x0056": None,  # ids torch_xla counts as TPU chips without naming a generation
+    "0x0062": None,
+}
+"""PCI device ids of Google's vendor id that are TPU chips, as torch_xla 2.9 counts them.
+
+The vendor id alone is not enough: a GCE VM's gVNIC network card is also 0x1ae0.
+"""
+
+NEURON_CORES_PER_DEVICE = 2
+"""NeuronCores per Neuron device on trn1, trn1n and inf2."""
+
+NEURON_CORES_PER_DEVICE_TRN2 = 4
+"""Logical NeuronCores per trn2 device with the runtime's default of two physical cores
+per logical core (``NEURON_LOGICAL_NC_CONFIG=2``); set ``--nproc-per-node`` explicitly
+when running trn2 with one physical core per logical core."""
+
+_NEURON_DEVICE_NAME = re.compile(r"^neuron\d+$")
+_NVIDIA_DEVICE_NAME = re.compile(r"^nvidia\d+$")
+
+
+def host_root(environ: Mapping[str, str]) -> str:
+    """The directory under which this host's ``/sys``, ``/dev`` and ``/proc`` are read.
+
+    ``/`` unless ``XLARUN_HOST_ROOT`` names another tree (a fake host for tests).
+    """
+    return environ.get(HOST_ROOT_VARIABLE) or "/"
+
+
+def pjrt_device_name(device: str) -> str:
+    """``PJRT_DEVICE``'s spelling of a resolved device (``"tpu"`` -> ``"TPU"``)."""
+    try:
+        return _PJRT_NAMES[device]
+    except KeyError:
+        raise UsageError(f"unknown device {device!r}: allowed are {', '.join(_PJRT_NAMES)}") from None
+
+
+def resolve_device(requested: str, environ: Mapping[str, str], root: str = "/") -> str:
+    """Turn ``--device`` into a concrete device name.
+
+    ``auto`` follows ``PJRT_DEVICE`` when the user set it (torch_xla would obey it
+    too); otherwise the first accelerator this host has, in torch_xla's own probe
+    order (TPU, then Neuron) followed by NVIDIA GPUs, and CPU when there is none.
+    """
+    if requested not in DEVICES:
+        raise UsageError(f"--device {requested!r} is not supported: use one of {', '.join(DEVICES)}")
+    if requested != "auto":
+        return requested
+    pjrt_device = environ.get("PJRT_DEVICE")
+    if pjrt_device:
+        # torch_xla reads only the part before '_' (e.g. "TPU_LEGACY" is TPU).
+        kind = pjrt_device.split("_")[0].upper()
+        if kind not in _FROM_PJRT_NAME:
+            raise UsageError(f"PJRT_DEVICE={pjrt_device} is not a device xlarun knows: "
+                             f"use one of {', '.join(_PJRT_NAMES.values())}, or unset it")
+        return _FROM_PJRT_NAME[kind]
+    if tpu_chip_count(root):
+        return "tpu"
+    if neuron_device_count(root):
+        return "neuron"
+    if nvidia_gpu_count(root):
+        return "cuda"
+    return "cpu"
+
+
+def local_unit_count(device: str, root: str = "/") -> int | None:
+    """How many workers ``--nproc-per-node auto`` starts on this host for ``device``.
+
+    One per TPU chip, per NeuronCore, or per NVIDIA GPU; 0 when the host has none of
+    that device (the caller decides, e.g. ask for a number). ``None`` for cpu and xpu:
+    the caller then applies torchrun's own rule.
+    """
+    if device == "tpu":
+        return tpu_chip_count(root)
+    if device == "neuron":
+        return neuron_core_count(root)
+    if device == "cuda":
+        return nvidia_gpu_count(root)
+    if device in ("cpu", "xpu"):
+        return None
+    raise UsageError(f"unknown device {device!r}: allowed are {', '.join(_PJRT_NAMES)}")
+
+
+def _read_stripped(path: str) -> str | None:
+    try:
+        with open(path) as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
+def _list_dir(path: str) -> list[str]:
+    try:
+        return sorted(os.listdir(path))
+    except OSError:
+        return []
+
+
+def _under(root: str, *parts: str) -> str:
+    return os.path.join(root, *parts)
+
+
+def tpu_chip_device_ids(root: str = "/") -> list[str]:
+    """PCI device ids of the TPU chips attached to this host, one per chip."""
+    pci_devices = _under(root, "sys", "bus", "pci", "devices")
+    ids = []
+    for entry in _list_dir(pci_devices):
+        if _read_stripped(os.path.join(pci_devices, entry, "vendor")) != GOOGLE_PCI_VENDOR:
+            continue
+        device_id = _read_stripped(os.path.join(pci_devices, entry, "device"))
+        if device_id in TPU_PCI_DEVICE_GENERATIONS:
+            ids.append(device_id)
+    return ids
+
+
+def tpu_chip_count(root: str = "/") -> int:
+    return len(tpu_chip_device_ids(root))
+
+
+def tpu_generation(root: str = "/") -> int | None:
+    """The TPU generation of this host's chips (4 for v4, 7 for TPU7x), or None if unknown."""
+    generations = {TPU_PCI_DEVICE_GENERATIONS[device_id] for device_id in tpu_chip_device_ids(root)}
+    return generations.pop() if len(generations) == 1 else None
+
+
+def neuron_device_count(root: str = "/") -> int:
+    """Neuron devices, counted as the ``/dev/neuron<N>`` nodes the Neuron driver creates."""
+    return sum(1 for name in _list_dir(_under(root, "dev")) if _NEURON_DEVICE_NAME.match(name))
+
+
+def neuron_core_count(root: str = "/") -> int:
+    """NeuronCores on this host: devices times cores per device.
+
+    Cores per device follow the instance family named in
+    ``/sys/devices/virtual/dmi/id/product_name`` (what the Neuron tooling reads):
+    trn2 exposes :data:`NEURON_CORES_PER_DEVICE_TRN2` logical cores per device, every
+    other Neuron instance torch_xla runs on (trn1, trn1n, inf2) two.
+    """
+    devices = neuron_device_count(root)
+    product = _read_stripped(_under(root, "sys", "devices", "virtual", "dmi", "id", "product_name")) or ""
+    per_device = NEURON_CORES_PER_DEVICE_TRN2 if product.startswith("trn2") else NEURON_CORES_PER_DEVICE
+    return devices * per_device
+
+
+def nvidia_gpu_count(root: str = "/") -> int:
+    """NVIDIA GPUs: the driver's ``/proc/driver/nvidia/gpus`` entries, else ``/dev/nvidia<N>`` nodes."""
+    from_proc = len(_list_dir(_under(root, "proc", "driver", "nvidia", "gpus")))
+    if from_proc:
+        return from_proc
+    return sum(1 for name in _list_dir(_under(root, "dev")) if _NVIDIA_DEVICE_NAME.match(name))

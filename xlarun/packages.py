@@ -1,0 +1,118 @@
+"""What the installed packages allow, read from their metadata without importing them.
+
+Importing torch costs the launcher most of its start-up time, so versions come from
+``importlib.metadata`` only. Every check takes the version lookup as a parameter so
+callers (and tests) can plan for packages this Python does not have.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib import metadata
+from typing import Callable, Optional
+
+from xlarun.exceptions import UsageError
+
+RUNTIMES = ("auto", "pjrt", "xrt")
+
+VersionLookup = Callable[[str], Optional[str]]
+"""Maps a distribution name to its installed version string, or None when absent."""
+
+FIRST_WITHOUT_XRT = (2, 1)
+FIRST_WITH_CUDA_NAME = (2, 2)
+FIRST_WITHOUT_CUDA = (2, 9)
+
+XRT_DEVICES = ("cuda", "cpu")
+"""Devices whose XRT set-up xlarun knows (torch_xla 2.0's own torchrun support covered GPU;
+XRT on CPU uses the same per-process variables)."""
+
+_LEADING_MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (e.g. ``"2.9.0+cpu"``), or None."""
+    try:
+        return metadata.version(distribution)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def major_minor(version: str) -> tuple[int, int]:
+    """``(X, Y)`` of a version string such as ``2.9.0``, ``2.1.0+libtpu`` or ``2.10.0a0+git1``."""
+    match = _LEADING_MAJOR_MINOR.match(version)
+    if not match:
+        raise UsageError(f"cannot read a version number from {version!r}: expected X.Y[.Z...]")
+    return int(match.group(1)), int(match.group(2))
+
+
+def resolve_runtime(requested: str, torch_xla_version: str | None) -> str:
+    """Turn ``--runtime`` into ``"pjrt"`` or ``"xrt"``.
+
+    ``auto`` is XRT only for a torch_xla older than 2.1 (2.1 deleted XRT); with no
+    torch_xla installed (a dry run, or CPU without XLA) it plans for PJRT.
+    """
+    if requested not in RUNTIMES:
+        raise UsageError(f"--runtime {requested!r} is not supported: use one of {', '.join(RUNTIMES)}")
+    if requested != "auto":
+        return requested
+    if torch_xla_version is not None and major_minor(torch_xla_version) < FIRST_WITHOUT_XRT:
+        return "xrt"
+    return "pjrt"
+
+
+def needs_torch_xla(device: str, spmd: bool = False, virtual_devices: int | None = None) -> bool:
+    """Whether workers for this plan cannot run without torch_xla.
+
+    Plain CPU workers may be ordinary torch programs (gloo), as under torchrun; only
+    SPMD or virtual CPU devices make XLA necessary there.
+    """
+    return device != "cpu" or spmd or virtual_devices is not None
+
+
+def _version_text(version: tuple[int, int]) -> str:
+    return f"{version[0]}.{version[1]}"
+
+
+def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices: int | None = None,
+              version_of: VersionLookup = installed_version) -> None:
+    """Refuse, before anything starts, a plan the installed packages cannot run.
+
+    ``device`` and ``runtime`` are already resolved. Raises :class:`UsageError` with
+    one line naming the conflict and what would work.
+    """
+    if runtime == "xrt":
+        if device not in XRT_DEVICES:
+            raise UsageError(f"--runtime xrt supports --device {' or '.join(XRT_DEVICES)}, not {device}: "
+                             "use --runtime pjrt")
+        if spmd:
+            raise UsageError("--spmd needs the PJRT runtime: drop --runtime xrt or --spmd")
+
+    torch_xla_version = version_of("torch_xla")
+    if torch_xla_version is None:
+        if needs_torch_xla(device, spmd, virtual_devices) or runtime == "xrt":
+            raise UsageError(f"--device {device}{' --spmd' if spmd else ''} needs torch_xla, "
+                             "which is not installed in this Python")
+        return
+    xla = major_minor(torch_xla_version)
+
+    torch_version = version_of("torch")
+    if torch_version is None:
+        raise UsageError(f"torch_xla {torch_xla_version} needs torch {_version_text(xla)}, "
+                         "which is not installed in this Python")
+    if major_minor(torch_version) != xla:
+        raise UsageError(f"torch_xla {torch_xla_version} needs torch {_version_text(xla)}.x, "
+                         f"but torch {torch_version} is installed: install matching releases")
+
+    if runtime == "xrt" and xla >= FIRST_WITHOUT_XRT:
+        raise UsageError(f"--runtime xrt needs torch_xla 2.0 or older (2.1 removed XRT), "
+                         f"but torch_xla {torch_xla_version} is installed: use --runtime pjrt")
+    if device == "cuda":
+        if xla >= FIRST_WITHOUT_CUDA:
+            raise UsageError(f"--device cuda needs torch_xla 2.2 to 2.8: torch_xla {torch_xla_version} "
+                             "has no CUDA support (removed in 2.9)")
+        if runtime == "pjrt" and xla < FIRST_WITH_CUDA_NAME:
+            raise UsageError(f"--device cuda with PJRT needs torch_xla 2.2 to 2.8, but torch_xla "
+                             f"{torch_xla_version} is installed: upgrade, or use --runtime xrt with 2.0 or older")
+    if device == "neuron" and version_of("libneuronxla") is None:
+        raise UsageError("--device neuron needs the AWS Neuron SDK's libneuronxla package, "
+                         "which is not installed in this Python")

@@ -1,0 +1,147 @@
+"""Translate a worker's place in the world into the variables its XLA runtime reads.
+
+The launcher sets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``,
+``TORCHELASTIC_RUN_ID``, ...); :func:`xla_env` adds what the XLA device needs on top,
+as pure functions of the plan, one module per runtime or device:
+:mod:`~xlarun.runtimes.pjrt` (every PJRT device), :mod:`~xlarun.runtimes.tpu`,
+:mod:`~xlarun.runtimes.neuron`, :mod:`~xlarun.runtimes.cuda`,
+:mod:`~xlarun.runtimes.cpu` and :mod:`~xlarun.runtimes.xrt` (torch_xla 2.0 and older).
+
+Size: what :func:`xla_env` returns has the same variables with the same fixed text
+at any world size; only the digits of numbers (ranks, sizes, ports, bounds) vary.
+No value lists one entry per worker or per host, so a worker's environment grows
+only with the logarithm of the world size: a few bytes between 2 and a million
+workers, far below Linux's 128 KiB limit on one variable.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Dict, Mapping
+
+from xlarun.exceptions import UsageError
+from xlarun.ranks import NodeAssignment
+from xlarun.runtimes import cpu, cuda, neuron, pjrt, tpu, xrt
+from xlarun.runtimes.tpu import TpuTopology
+
+RESOLVED_DEVICES = ("tpu", "neuron", "cuda", "cpu", "xpu")
+RESOLVED_RUNTIMES = ("pjrt", "xrt")
+
+UNPRIVILEGED_PORTS = (1024, 65535)
+_PORT_RANGE_SIZE = UNPRIVILEGED_PORTS[1] - UNPRIVILEGED_PORTS[0] + 1
+COORDINATOR_PORT_SHIFT = 32256
+"""Half of the unprivileged port range: the coordinator port's distance from MASTER_PORT."""
+
+_DeviceEnv = Callable[["XlaOptions", NodeAssignment, int], Dict[str, str]]
+_PJRT_DEVICE_ENV: Mapping[str, _DeviceEnv] = {
+    "tpu": tpu.env,
+    "neuron": neuron.env,
+    "cuda": cuda.env,
+    "cpu": cpu.env,
+}
+"""Device-specific PJRT variables; a device not listed (xpu) needs only the common ones."""
+
+
+def coordinator_port(master_port: int, override: int | None = None) -> int:
+    """The port of the job's XLA coordinator (Neuron root, XLA:GPU coordinator, XRT mesh).
+
+    ``override`` (``--coordinator-port``) when given. Otherwise MASTER_PORT moved half
+    the unprivileged range (1024-65535) along it, wrapping around:
+    ``1024 + (MASTER_PORT - 1024 + 32256) mod 64512``. Every node computes the same
+    port from the same MASTER_PORT without talking; it is never MASTER_PORT itself;
+    and jobs on neighbouring master ports (29500, 29501, ...) get neighbouring
+    coordinator ports far away (61756, 61757, ...) instead of each other's master port,
+    as a ``MASTER_PORT + 1`` rule would give.
+    """
+    if not 1 <= master_port <= UNPRIVILEGED_PORTS[1]:
+        raise UsageError(f"master port {master_port} is not a TCP port: use 1-65535")
+    if override is None:
+        return UNPRIVILEGED_PORTS[0] + (master_port - UNPRIVILEGED_PORTS[0] + COORDINATOR_PORT_SHIFT) % _PORT_RANGE_SIZE
+    if override == master_port:
+        raise UsageError(f"--coordinator-port {override} is the master port: choose another port")
+    return override
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets (``[fe80::1]:62182``)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+@dataclass(frozen=True)
+class XlaOptions:
+    """The XLA side of a launch plan, the same for every worker of the job.
+
+    ``device`` and ``runtime`` are resolved (see :func:`xlarun.devices.resolve_device`
+    and :func:`xlarun.packages.resolve_runtime`). ``virtual_devices`` is CPU only.
+    ``coordinator_port`` overrides :func:`coordinator_port`'s rule.
+    ``tpu_topology`` is the slice shape when known (:func:`xlarun.runtimes.tpu.topology`);
+    TPU under SPMD needs it.
+    """
+
+    device: str
+    runtime: str
+    spmd: bool = False
+    virtual_devices: int | None = None
+    coordinator_port: int | None = None
+    tpu_topology: TpuTopology | None = None
+
+    def __post_init__(self) -> None:
+        if self.device not in RESOLVED_DEVICES:
+            raise UsageError(f"device {self.device!r} is not resolved: use one of {', '.join(RESOLVED_DEVICES)}")
+        if self.runtime not in RESOLVED_RUNTIMES:
+            raise UsageError(f"runtime {self.runtime!r} is not resolved: use one of {', '.join(RESOLVED_RUNTIMES)}")
+        if self.virtual_devices is not None:
+            if self.device != "cpu":
+                raise UsageError(f"--virtual-devices applies to --device cpu only, not {self.device}")
+            if self.virtual_devices < 1:
+                raise UsageError(f"--virtual-devices {self.virtual_devices} must be a positive number of devices")
+        if self.coordinator_port is not None and not 1 <= self.coordinator_port <= UNPRIVILEGED_PORTS[1]:
+            raise UsageError(f"--coordinator-port {self.coordinator_port} is not a TCP port: use 1-65535")
+        if self.spmd and self.runtime == "xrt":
+            raise UsageError("--spmd needs the PJRT runtime: drop --runtime xrt or --spmd")
+
+    def coordinator_port_for(self, node: NodeAssignment) -> int:
+        return coordinator_port(node.master_port, self.coordinator_port)
+
+    def coordinator_address(self, node: NodeAssignment) -> str:
+        """``MASTER_ADDR:<coordinator port>``, the one address the whole job meets at."""
+        return host_port(node.master_addr, self.coordinator_port_for(node))
+
+
+def xla_env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
+    """Every variable xlarun adds to one worker's environment for XLA.
+
+    torchrun's own variables are not included; the launcher adds them. Raises
+    :class:`UsageError` for a plan the device cannot run (e.g. SPMD with several
+    processes per node).
+    """
+    if not 0 <= local_rank < node.local_world_size:
+        raise ValueError(f"local rank {local_rank} is outside 0..{node.local_world_size - 1}")
+    if options.spmd and node.local_world_size != 1:
+        raise UsageError(f"--spmd runs one process per node that sees every local device, "
+                         f"not --nproc-per-node {node.local_world_size}")
+    if options.runtime == "xrt":
+        return xrt.env(options, node, local_rank)
+    variables = pjrt.env(options, node, local_rank)
+    device_env = _PJRT_DEVICE_ENV.get(options.device)
+    if device_env is not None:
+        variables.update(device_env(options, node, local_rank))
+    return variables
+
+
+def apply_user_precedence(planned: dict[str, str],
+                          environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+    """Let the user's own settings win: drop from ``planned`` every variable ``environ`` has.
+
+    Returns the remaining variables and the notices to print: none, or one line
+    naming the kept variables. The planned names are the same for every local rank
+    of a job, so the notice is too; print it once.
+    """
+    kept = [name for name in planned if name in environ]
+    remaining = {name: value for name, value in planned.items() if name not in environ}
+    if not kept:
+        return remaining, []
+    return remaining, [f"xlarun: keeping your own {', '.join(kept)} from the environment "
+                       "instead of the values xlarun would set"]
