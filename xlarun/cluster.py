@@ -1,0 +1,349 @@
+"""``--cluster``: a node's place in a multi-node job, read from the variables its cluster set.
+
+Each node runs one xlarun. The scheduler that started it already knows how many
+nodes the job has, which one this is and where node 0 lives; detect_cluster reads
+that from the environment so that ``srun xlarun --cluster slurm train.py`` needs no
+other flag. Every reader here is a pure function of the mapping it is given: no
+process is started (no ``scontrol``) and ``os.environ`` is never read directly, so
+the caller decides which environment counts.
+
+Kinds, and what each reads:
+
+``slurm``
+    Inside a job step (``srun``): ``SLURM_STEP_NUM_NODES`` (else ``SLURM_NNODES``),
+    ``SLURM_NODEID`` (the node's index within the step) and the first host of
+    ``SLURM_STEP_NODELIST`` as node 0. Outside a step (a batch script or an
+    ``salloc`` shell) only a one-node job makes sense: ``SLURM_JOB_NUM_NODES`` (else
+    ``SLURM_NNODES``) must be 1 and node 0 is the first host of ``SLURM_JOB_NODELIST``
+    (else ``SLURM_NODELIST``). The run id is ``<SLURM_JOB_ID>.<SLURM_STEP_ID>``, the
+    name Slurm itself gives a step. The port comes from slurm_master_port. A step that
+    runs more than one task on a node (``SLURM_STEP_TASKS_PER_NODE``) is refused:
+    those tasks would all claim the same node rank.
+``k8s``
+    A Kubeflow PyTorchJob with a Master replica. The training operator sets
+    ``MASTER_ADDR``/``MASTER_PORT`` on every pod, and ``RANK``/``WORLD_SIZE``, which
+    count *pods* (the master is 0, worker i is i+1) in operators without
+    ``nprocPerNode``; since ``nprocPerNode`` it multiplies ``WORLD_SIZE`` by the
+    processes per pod and adds ``PET_NNODES``, ``PET_NODE_RANK``,
+    ``PET_NPROC_PER_NODE``, ``PET_MASTER_ADDR`` and ``PET_MASTER_PORT``. The ``PET_``
+    values are preferred. ``RANK``, the pod's index in either operator, stands in for
+    ``PET_NODE_RANK``; ``WORLD_SIZE`` stands in for ``PET_NNODES`` only when no
+    ``PET_NPROC_PER_NODE`` says that it counts processes. On the master pod the
+    operator sets the master address to ``localhost``, where a store would be
+    unreachable from the workers; node 0 then names itself by ``HOSTNAME`` (its pod
+    name, the name of the master's headless Service). An elastic job (``PET_NNODES``
+    of the form ``MIN:MAX``) is configured by its ``PET_RDZV_*`` variables instead.
+``gke-tpu``
+    ``TPU_WORKER_ID`` (node rank) and ``TPU_WORKER_HOSTNAMES`` (comma list: its length
+    is the node count, its first entry node 0). Multislice jobs
+    (``MEGASCALE_NUM_SLICES`` above 1) number workers per slice and are refused.
+``mpi``
+    Open MPI with one xlarun per node (``mpirun --npernode 1``):
+    ``OMPI_COMM_WORLD_SIZE`` nodes, ``OMPI_COMM_WORLD_RANK`` as node rank, the job's
+    ``PMIX_NAMESPACE`` (else ``OMPI_MCA_ess_base_jobid``) as run id. Open MPI tells a
+    process nothing about where rank 0 runs: the only address in its environment is
+    mpirun's own (``OMPI_MCA_orte_hnp_uri``), and mpirun may run on a host that holds
+    no rank. So master_addr stays None and the launcher must be given
+    ``--master_addr``; resolve_master_addr says so.
+
+``auto`` picks the innermost launcher whose marker variable is present, in the
+order mpi (``OMPI_COMM_WORLD_SIZE``), slurm (``SLURM_JOB_ID``), gke-tpu
+(``TPU_WORKER_HOSTNAMES``), k8s (``KUBERNETES_SERVICE_HOST`` with ``PET_NODE_RANK``
+or ``MASTER_ADDR``, and not elastic): mpirun may run inside a Slurm allocation,
+and TPU pods are Kubernetes pods too. Once a kind is picked its variables must be
+complete, as with an explicit ``--cluster``.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+from xlarun.exceptions import UsageError
+from xlarun.hostlist import first_host
+
+CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "mpi")
+
+# Slurm master ports: 15000-24999, in blocks of 4 so that ports a launcher derives
+# as MASTER_PORT+1..+3 stay inside the step's own block. The range stays clear of
+# torchrun's defaults (29400, 29500), of the ports XLA runtimes pick themselves
+# (8476+, 8547, 62182) and of Linux's ephemeral range (32768 and up).
+SLURM_PORT_BASE = 15000
+SLURM_PORT_BLOCK = 4
+SLURM_PORT_BLOCKS = 2500
+# A prime stride puts a job's later steps far from the blocks of neighbouring job ids.
+_SLURM_STEP_STRIDE = 97
+
+_DIGITS = re.compile(r"[0-9]+")
+_TASKS_PER_NODE_ITEM = re.compile(r"([0-9]+)(?:\(x[0-9]+\))?")
+_LOOPBACK_NAMES = ("localhost", "::1")
+
+
+@dataclass(frozen=True)
+class ClusterSettings:
+    """What the cluster says about this node's place in the job.
+
+    ``master_addr`` is node 0's address as every node reaches it; None (only for
+    ``mpi``) means the cluster cannot say and ``--master_addr`` is required (see
+    resolve_master_addr). ``master_port`` None keeps the launcher's default or
+    explicit port. ``run_id`` is an id every node of the job shares, or None.
+    ``nproc_per_node`` is set only when the cluster states a number of workers per
+    node (Kubeflow's ``nprocPerNode``). Explicit flags win over every field.
+    """
+
+    kind: str
+    nnodes: int
+    node_rank: int
+    master_addr: str | None
+    master_port: int | None
+    run_id: str | None
+    nproc_per_node: int | None = None
+
+    def resolve_master_addr(self, explicit_master_addr: str | None) -> str:
+        """Node 0's address: the explicit ``--master_addr`` if given, else the cluster's.
+
+        Raises UsageError when neither names one (an Open MPI launch without ``--master_addr``).
+        """
+        if explicit_master_addr:
+            return explicit_master_addr
+        if self.master_addr is None:
+            raise UsageError(
+                f"--cluster {self.kind} cannot tell where node 0 runs; pass --master_addr with"
+                f" the address of the host of rank 0 (the same on every node)")
+        return self.master_addr
+
+
+def detect_cluster(kind: str, environ: Mapping[str, str]) -> ClusterSettings | None:
+    """This node's settings from the cluster ``kind`` (one of CLUSTER_KINDS) and ``environ``.
+
+    ``none`` gives None; ``auto`` gives the settings of the first kind whose marker
+    variable is present, or None. Raises UsageError for an unknown kind, or when the
+    chosen kind's variables are missing (all of them are named) or malformed.
+    """
+    if kind == "none":
+        return None
+    if kind == "auto":
+        for candidate in _AUTO_ORDER:
+            if _MARKERS[candidate](environ):
+                return _READERS[candidate](environ)
+        return None
+    reader = _READERS.get(kind)
+    if reader is None:
+        raise UsageError(f"--cluster {kind!r} is not a cluster kind; choose one of {', '.join(CLUSTER_KINDS)}")
+    return reader(environ)
+
+
+def slurm_master_port(job_id: int, step_id: int) -> int:
+    """The master port every node of a Slurm job step computes alike, without talking.
+
+    ``15000 + 4 * ((job_id + 97 * step_id) % 2500)``: a port in 15000-24999 that opens
+    a block of 4 owned by the step. Steps 0 of jobs whose ids differ by less than
+    2500 never share a block, nor do the first 2500 steps of one job, so jobs that
+    share a node do not collide on one port as they do on torchrun's 29500.
+    """
+    block = (job_id + _SLURM_STEP_STRIDE * step_id) % SLURM_PORT_BLOCKS
+    return SLURM_PORT_BASE + SLURM_PORT_BLOCK * block
+
+
+def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
+    in_step = _present(environ, "SLURM_STEP_NODELIST")
+    if in_step:
+        node_count_names: Sequence[str] = ("SLURM_STEP_NUM_NODES", "SLURM_NNODES")
+        nodelist_names: Sequence[str] = ("SLURM_STEP_NODELIST",)
+        required = [("SLURM_JOB_ID", "SLURM_JOBID"), node_count_names, nodelist_names, ("SLURM_NODEID",)]
+    else:
+        node_count_names = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+        nodelist_names = ("SLURM_JOB_NODELIST", "SLURM_NODELIST")
+        required = [("SLURM_JOB_ID", "SLURM_JOBID"), node_count_names, nodelist_names]
+    _require(environ, "slurm", required, "run xlarun with srun inside a Slurm job")
+
+    _, job_id = _whole_number(environ, "slurm", ("SLURM_JOB_ID", "SLURM_JOBID"))
+    nnodes = _node_count(environ, "slurm", node_count_names)
+    if not in_step:
+        if nnodes > 1:
+            raise UsageError(
+                f"--cluster slurm: this job has {nnodes} nodes but xlarun runs outside a job step,"
+                f" on one of them; start one per node with `srun --ntasks-per-node=1 xlarun ...`"
+                f" (or use --cluster none for a one-node run)")
+        node_rank = 0
+        step_id = None
+    else:
+        _, node_rank = _whole_number(environ, "slurm", ("SLURM_NODEID",))
+        step_id = _optional_int(environ, "slurm", ("SLURM_STEP_ID", "SLURM_STEPID"))
+        tasks = environ.get("SLURM_STEP_TASKS_PER_NODE", "")
+        if tasks and _most_tasks_on_a_node(tasks) > 1:
+            raise UsageError(
+                f"--cluster slurm: the step runs several tasks on a node (SLURM_STEP_TASKS_PER_NODE={tasks});"
+                f" xlarun must run once per node: use `srun --ntasks-per-node=1`")
+    _check_node_rank(node_rank, nnodes, "slurm", "SLURM_NODEID")
+
+    nodelist_name = _first_present(environ, nodelist_names)
+    master_addr = first_host(environ[nodelist_name])
+    run_id = str(job_id) if step_id is None else f"{job_id}.{step_id}"
+    return ClusterSettings(kind="slurm", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                           master_port=slurm_master_port(job_id, step_id or 0), run_id=run_id)
+
+
+def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
+    if _is_elastic_pytorchjob(environ):
+        raise UsageError(
+            f"--cluster k8s: PET_NNODES={environ['PET_NNODES']} is an elastic PyTorchJob, which its"
+            f" PET_RDZV_* variables configure; run xlarun without --cluster")
+    if _present(environ, "PET_NPROC_PER_NODE"):
+        node_count_names: Sequence[str] = ("PET_NNODES",)  # WORLD_SIZE counts processes here
+    else:
+        node_count_names = ("PET_NNODES", "WORLD_SIZE")
+    required = [node_count_names, ("PET_NODE_RANK", "RANK"), ("PET_MASTER_ADDR", "MASTER_ADDR")]
+    _require(environ, "k8s", required, "these come from a Kubeflow PyTorchJob with a Master replica")
+
+    nnodes_name = _first_present(environ, node_count_names)
+    nnodes_text = environ[nnodes_name]
+    if nnodes_name == "PET_NNODES" and ":" in nnodes_text:
+        nnodes_text = nnodes_text.split(":", 1)[0]  # a MIN:MAX with MIN == MAX; elastic was refused above
+    nnodes = _parse_count(nnodes_text, nnodes_name, "k8s")
+    rank_name, node_rank = _whole_number(environ, "k8s", ("PET_NODE_RANK", "RANK"))
+    _check_node_rank(node_rank, nnodes, "k8s", rank_name)
+
+    master_addr = environ[_first_present(environ, ("PET_MASTER_ADDR", "MASTER_ADDR"))]
+    if node_rank == 0 and nnodes > 1 and _is_loopback(master_addr) and _present(environ, "HOSTNAME"):
+        master_addr = environ["HOSTNAME"]
+    master_port = _optional_port(environ, "k8s", ("PET_MASTER_PORT", "MASTER_PORT"))
+    nproc_text = environ.get("PET_NPROC_PER_NODE", "")
+    # "auto", "gpu" or "cpu" are torchrun's own values: left to --nproc_per_node.
+    nproc_per_node = _parse_count(nproc_text, "PET_NPROC_PER_NODE", "k8s") if _DIGITS.fullmatch(nproc_text) else None
+    return ClusterSettings(kind="k8s", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
+                           master_port=master_port, run_id=None, nproc_per_node=nproc_per_node)
+
+
+def _read_gke_tpu(environ: Mapping[str, str]) -> ClusterSettings:
+    _require(environ, "gke-tpu", [("TPU_WORKER_ID",), ("TPU_WORKER_HOSTNAMES",)],
+             "these come from a multi-host TPU slice on GKE")
+    slices = _optional_int(environ, "gke-tpu", ("MEGASCALE_NUM_SLICES",))
+    if slices is not None and slices > 1:
+        raise UsageError(
+            f"--cluster gke-tpu: MEGASCALE_NUM_SLICES={slices} is a multislice job, whose worker ids"
+            f" count within one slice; give --nnodes, --node_rank and --master_addr instead")
+    hostnames = environ["TPU_WORKER_HOSTNAMES"]
+    hosts = [host.strip() for host in hostnames.split(",")]
+    if not all(hosts):
+        raise UsageError(f"--cluster gke-tpu: TPU_WORKER_HOSTNAMES={hostnames!r} has an empty entry;"
+                         f" it must be a comma-separated list of host names")
+    _, node_rank = _whole_number(environ, "gke-tpu", ("TPU_WORKER_ID",))
+    _check_node_rank(node_rank, len(hosts), "gke-tpu", "TPU_WORKER_ID")
+    return ClusterSettings(kind="gke-tpu", nnodes=len(hosts), node_rank=node_rank, master_addr=hosts[0],
+                           master_port=None, run_id=None)
+
+
+def _read_mpi(environ: Mapping[str, str]) -> ClusterSettings:
+    _require(environ, "mpi", [("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_RANK",)],
+             "run one xlarun per node with `mpirun --npernode 1 xlarun ...`")
+    local_size = _optional_int(environ, "mpi", ("OMPI_COMM_WORLD_LOCAL_SIZE",))
+    if local_size is not None and local_size > 1:
+        raise UsageError(
+            f"--cluster mpi: mpirun started {local_size} xlarun processes on this node; xlarun must run"
+            f" once per node: use `mpirun --npernode 1` (or --map-by ppr:1:node)")
+    nnodes = _node_count(environ, "mpi", ("OMPI_COMM_WORLD_SIZE",))
+    _, node_rank = _whole_number(environ, "mpi", ("OMPI_COMM_WORLD_RANK",))
+    _check_node_rank(node_rank, nnodes, "mpi", "OMPI_COMM_WORLD_RANK")
+    run_id_name = _first_present(environ, ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"))
+    return ClusterSettings(kind="mpi", nnodes=nnodes, node_rank=node_rank, master_addr=None,
+                           master_port=None, run_id=environ[run_id_name] if run_id_name else None)
+
+
+def _is_elastic_pytorchjob(environ: Mapping[str, str]) -> bool:
+    low, separator, high = environ.get("PET_NNODES", "").partition(":")
+    return bool(separator) and low != high
+
+
+_READERS: dict[str, Callable[[Mapping[str, str]], ClusterSettings]] = {
+    "slurm": _read_slurm,
+    "k8s": _read_k8s,
+    "gke-tpu": _read_gke_tpu,
+    "mpi": _read_mpi,
+}
+
+_AUTO_ORDER = ("mpi", "slurm", "gke-tpu", "k8s")
+
+_MARKERS: dict[str, Callable[[Mapping[str, str]], bool]] = {
+    "mpi": lambda environ: _present(environ, "OMPI_COMM_WORLD_SIZE"),
+    "slurm": lambda environ: _present(environ, "SLURM_JOB_ID") or _present(environ, "SLURM_JOBID"),
+    "gke-tpu": lambda environ: _present(environ, "TPU_WORKER_HOSTNAMES"),
+    # Users export MASTER_ADDR by hand for manual runs: only a pod counts as a PyTorchJob.
+    "k8s": lambda environ: (_present(environ, "KUBERNETES_SERVICE_HOST")
+                            and (_present(environ, "PET_NODE_RANK") or _present(environ, "MASTER_ADDR"))
+                            and not _is_elastic_pytorchjob(environ)),
+}
+
+
+def _present(environ: Mapping[str, str], name: str) -> bool:
+    return bool(environ.get(name))
+
+
+def _first_present(environ: Mapping[str, str], names: Sequence[str]) -> str | None:
+    return next((name for name in names if _present(environ, name)), None)
+
+
+def _describe(names: Sequence[str]) -> str:
+    return names[0] if len(names) == 1 else f"{names[0]} (or {' or '.join(names[1:])})"
+
+
+def _require(environ: Mapping[str, str], kind: str, required: Sequence[Sequence[str]], hint: str) -> None:
+    """Raise one UsageError naming every required variable (with its alternatives) that is unset."""
+    missing = [_describe(names) for names in required if _first_present(environ, names) is None]
+    if missing:
+        raise UsageError(f"--cluster {kind}: missing {', '.join(missing)}; {hint}")
+
+
+def _parse_count(text: str, name: str, kind: str) -> int:
+    if not _DIGITS.fullmatch(text) or int(text) < 1:
+        raise UsageError(f"--cluster {kind}: {name}={text!r} is not a positive whole number")
+    return int(text)
+
+
+def _node_count(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> int:
+    name = _first_present(environ, names)
+    return _parse_count(environ[name], name, kind)
+
+
+def _whole_number(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> tuple[str, int]:
+    """The first set variable of ``names`` and its value, a whole number 0 or more."""
+    name = _first_present(environ, names)
+    text = environ[name]
+    if not _DIGITS.fullmatch(text):
+        raise UsageError(f"--cluster {kind}: {name}={text!r} is not a whole number 0 or more")
+    return name, int(text)
+
+
+def _optional_int(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> int | None:
+    if _first_present(environ, names) is None:
+        return None
+    return _whole_number(environ, kind, names)[1]
+
+
+def _optional_port(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> int | None:
+    port = _optional_int(environ, kind, names)
+    if port is not None and not 1 <= port <= 65535:
+        raise UsageError(f"--cluster {kind}: {_first_present(environ, names)}={port} is not a TCP port (1-65535)")
+    return port
+
+
+def _check_node_rank(node_rank: int, nnodes: int, kind: str, name: str) -> None:
+    if node_rank >= nnodes:
+        raise UsageError(f"--cluster {kind}: {name}={node_rank} is not below the node count {nnodes}")
+
+
+def _most_tasks_on_a_node(tasks_per_node: str) -> int:
+    """The largest count in Slurm's compressed tasks-per-node form, e.g. ``2(x3),1``."""
+    counts = []
+    for item in tasks_per_node.split(","):
+        match = _TASKS_PER_NODE_ITEM.fullmatch(item)
+        if match is None:
+            raise UsageError(f"--cluster slurm: SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r} is not"
+                             f" Slurm's counts form (e.g. 1(x4) or 2,1)")
+        counts.append(int(match.group(1)))
+    return max(counts)
+
+
+def _is_loopback(address: str) -> bool:
+    return address in _LOOPBACK_NAMES or address.startswith("127.")
