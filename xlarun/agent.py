@@ -11,8 +11,12 @@ supervise the group. A failed attempt with restarts left starts the group again 
 
 from __future__ import annotations
 
+import os
+import selectors
 import sys
-from typing import Mapping, Optional
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from xlarun.config import LaunchConfig
 from xlarun.logs import make_run_log_dir, plan_worker_logs
@@ -20,7 +24,9 @@ from xlarun.plan import DevicePlan, worker_variables
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import Rendezvous
 from xlarun.report import FailureRecord, RunSummary, failure_as_dict, format_report, signal_name
-from xlarun.supervisor import GroupOutcome, OrphanGuard, SignalInbox, WorkerGroup, WorkerSpec
+from xlarun.supervisor import STOP_SIGNALS, GroupOutcome, OrphanGuard, SignalInbox, WorkerGroup, WorkerSpec
+
+T = TypeVar("T")
 
 
 def say(message: str) -> None:
@@ -55,7 +61,9 @@ class Agent:
 
     def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> int:
         for attempt in range(self.config.max_restarts + 1):
-            node = self.rendezvous.assign(attempt, self.nproc_per_node)
+            node = wait_interruptibly(inbox, self.rendezvous.assign, attempt, self.nproc_per_node)
+            if isinstance(node, Interrupted):
+                return self._stopped_by_signal(node.signal_number, "while waiting for the other nodes")
             if self.summary is None:
                 self.summary = RunSummary(run_id=node.run_id)
                 self._run_dir = make_run_log_dir(self.config.log_dir, node.run_id)
@@ -66,15 +74,16 @@ class Agent:
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
             self.summary.add_attempt(attempt, outcome.results)
-            self.rendezvous.finish_attempt(outcome.succeeded)
-            if outcome.succeeded:
-                return 0
             if outcome.launcher_signal is not None:
                 return self._stopped_by_signal(outcome.launcher_signal)
+            verdict = wait_interruptibly(inbox, self.rendezvous.finish_attempt, outcome.succeeded)
+            if isinstance(verdict, Interrupted):
+                return self._stopped_by_signal(verdict.signal_number, "while waiting for the other nodes")
+            if verdict:
+                return 0
             failures = self._failures(outcome, node)
             if attempt < self.config.max_restarts:
-                root = failures[0] if failures else None
-                cause = describe(root) if root else (outcome.stop_reason or "stopped")
+                cause = describe(failures[0]) if failures else (outcome.stop_reason or "stopped")
                 say(f"attempt {attempt} failed ({cause}); restarting the worker group "
                     f"(restart {attempt + 1} of {self.config.max_restarts})")
                 continue
@@ -93,9 +102,11 @@ class Agent:
 
     def _failures(self, outcome: GroupOutcome, node: NodeAssignment) -> list[FailureRecord]:
         local = [FailureRecord.from_result(result, node.node_rank) for result in outcome.failures]
-        remote = sorted(self.rendezvous.remote_failures(), key=lambda failure: failure.time)
-        # The first failure this node saw stays first; other nodes' follow in time order.
-        return local + remote
+        first = self.rendezvous.first_failure()
+        # Another node's failure came first: it is the root cause here too.
+        if first is not None and first.node_rank != node.node_rank:
+            return [first, *local]
+        return local
 
     def _fail(self, failures: list[FailureRecord], outcome: GroupOutcome) -> int:
         assert self.summary is not None
@@ -109,12 +120,57 @@ class Agent:
         sys.stderr.flush()
         return root.exit_status
 
-    def _stopped_by_signal(self, number: int) -> int:
-        assert self.summary is not None
+    def _stopped_by_signal(self, number: int, when: str = "") -> int:
+        if self.summary is None:
+            self.summary = RunSummary(run_id=self.config.rdzv_id)
         self.summary.result = "signalled"
         self.summary.launcher_signal = signal_name(number)
-        say(f"received {signal_name(number)}: workers stopped")
+        say(f"received {signal_name(number)} {when or 'and stopped the workers'}")
         return 128 + number
+
+
+@dataclass(frozen=True)
+class Interrupted:
+    signal_number: int
+
+
+def wait_interruptibly(inbox: SignalInbox, call: Callable[..., T], *args: Any) -> Union[T, Interrupted]:
+    """Run a blocking rendezvous step in a helper thread so a stop signal still ends the launcher.
+
+    SIGUSR1/SIGUSR2 have no workers to go to here and are dropped.
+    """
+    box: dict[str, Any] = {}
+    done_read, done_write = os.pipe()
+
+    def target() -> None:
+        try:
+            box["value"] = call(*args)
+        except BaseException as error:  # re-raised in the caller's thread
+            box["error"] = error
+        finally:
+            try:
+                os.write(done_write, b"x")
+            except OSError:  # the caller stopped waiting (a signal) and closed its end
+                pass
+            os.close(done_write)
+
+    threading.Thread(target=target, name="xlarun-rendezvous-call", daemon=True).start()
+    try:
+        with selectors.DefaultSelector() as selector:
+            selector.register(done_read, selectors.EVENT_READ)
+            selector.register(inbox.fd, selectors.EVENT_READ)
+            while True:
+                selector.select()
+                stops = [number for number in inbox.drain() if number in STOP_SIGNALS]
+                if stops:
+                    return Interrupted(stops[0])
+                if "value" in box or "error" in box:
+                    break
+    finally:
+        os.close(done_read)
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 def describe(failure: FailureRecord) -> str:

@@ -276,16 +276,18 @@ def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
     return host, port
 
 
-def resolve_nproc(word: str, cpu_count: Optional[int] = None) -> int:
+def resolve_nproc(word: str) -> int:
     """torchrun's rule for ``auto``/``cpu``/``gpu`` on a host without an XLA device.
 
     ``auto`` counts NVIDIA GPUs where the host shows them and CPUs otherwise; ``gpu``
     needs GPUs. Device-aware counting (TPU chips, Neuron cores) is the caller's job.
     """
+    from xlarun.devices import nvidia_gpu_count
+
     if word.isdigit():
         return int(word)
-    cpus = cpu_count or os.cpu_count() or 1
-    gpus = count_nvidia_gpus()
+    cpus = os.cpu_count() or 1
+    gpus = nvidia_gpu_count()
     if word == "cpu":
         return cpus
     if word == "gpu":
@@ -293,15 +295,6 @@ def resolve_nproc(word: str, cpu_count: Optional[int] = None) -> int:
             raise UsageError("--nproc-per-node=gpu but this host has no visible GPU: give a number, cpu or auto")
         return gpus
     return gpus or cpus
-
-
-def count_nvidia_gpus(root: str = "/") -> int:
-    try:
-        names = os.listdir(os.path.join(root, "dev"))
-    except OSError:
-        return 0
-    visible = [n for n in names if re.fullmatch(r"nvidia\d+", n)]
-    return len(visible)
 
 
 def build_config(given: Mapping[str, Optional[str]], script: Optional[str], script_args: tuple[str, ...],

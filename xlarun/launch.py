@@ -60,7 +60,7 @@ def apply_cluster(kind: str, values: dict[str, Optional[str]], environ: Mapping[
     derived = {
         "nnodes": str(settings.nnodes),
         "node_rank": str(settings.node_rank),
-        "master_addr": settings.master_addr,
+        "master_addr": settings.resolve_master_addr(values.get("master_addr")),
         "master_port": None if settings.master_port is None else str(settings.master_port),
         "rdzv_id": settings.run_id,
         "nproc_per_node": None if settings.nproc_per_node is None else str(settings.nproc_per_node),
@@ -74,42 +74,48 @@ def apply_cluster(kind: str, values: dict[str, Optional[str]], environ: Mapping[
 
 def plan_device(own: Mapping[str, Optional[str]], config: LaunchConfig, environ: Mapping[str, str]) -> DevicePlan:
     """Resolve device and runtime and build the per-worker XLA variables (see ``xlarun.runtimes``)."""
-    from xlarun.devices import DEVICES, host_root, resolve_device
+    from xlarun.devices import DEVICES, host_root, local_unit_count, resolve_device, tpu_generation
     from xlarun.packages import installed_version, preflight, resolve_runtime
-    from xlarun.runtimes import XlaOptions, apply_user_precedence, xla_env
+    from xlarun.runtimes import XlaOptions, apply_user_precedence, tpu, xla_env
 
     requested = own.get("device") or environ.get("XLARUN_DEVICE") or "auto"
     if requested not in DEVICES:
         raise UsageError(f"--device={requested!r} is unknown: expected one of {', '.join(DEVICES)}")
-    device = resolve_device(requested, environ, host_root(environ))
+    root = host_root(environ)
+    device = resolve_device(requested, environ, root)
     runtime_requested = own.get("runtime") or "auto"
     if runtime_requested not in ("auto", "pjrt", "xrt"):
         raise UsageError(f"--runtime={runtime_requested!r} is unknown: expected auto, pjrt or xrt")
     runtime = resolve_runtime(runtime_requested, installed_version("torch_xla"))
+    spmd = own.get("spmd") is not None
+    virtual_devices = _positive_int(own.get("virtual_devices"), "--virtual-devices")
     if not config.dry_run:
-        preflight(device, runtime)
-    options = XlaOptions(device=device, runtime=runtime, spmd=own.get("spmd") is not None,
-                         virtual_devices=_positive_int(own.get("virtual_devices"), "--virtual-devices"),
-                         coordinator_port=_port(own.get("coordinator_port")))
-    if options.virtual_devices is not None and device != "cpu":
-        raise UsageError(f"--virtual-devices applies to --device cpu, not {device}")
-    kept_by_user: set[str] = set()
+        preflight(device, runtime, spmd=spmd, virtual_devices=virtual_devices)
+    topology = None
+    if device == "tpu":
+        topology = tpu.topology(environ, local_unit_count("tpu", root), config.max_nodes, tpu_generation(root))
+    options = XlaOptions(device=device, runtime=runtime, spmd=spmd, virtual_devices=virtual_devices,
+                         coordinator_port=_port(own.get("coordinator_port")), tpu_topology=topology)
+    announced: set[str] = set()
 
     def variables(node, local_rank):  # type: ignore[no-untyped-def]
-        planned, lines = apply_user_precedence(xla_env(options, node, local_rank), environ)
-        for line in lines:
-            if line not in kept_by_user:
-                kept_by_user.add(line)
-                if not config.dry_run:
-                    say(line)
+        planned, notices = apply_user_precedence(xla_env(options, node, local_rank), environ)
+        for notice in notices:
+            if notice not in announced and not config.dry_run:
+                say(notice)
+            announced.add(notice)
         return planned
 
     explicit = requested != "auto" or "PJRT_DEVICE" in environ
-    return DevicePlan(device=device, runtime=runtime, variables=variables, spmd=options.spmd, explicit=explicit)
+    return DevicePlan(device=device, runtime=runtime, variables=variables, spmd=spmd, explicit=explicit)
 
 
 def local_worker_count(config: LaunchConfig, device: DevicePlan) -> int:
-    """``--nproc-per-node``: a number as given; ``auto``/``cpu``/``gpu`` counted on this host."""
+    """``--nproc-per-node``: a number as given; ``auto`` counts the device's local units.
+
+    Under ``--spmd`` one process sees every local device. ``cpu``/``gpu``, and ``auto``
+    without an accelerator, follow torchrun's rule.
+    """
     from xlarun.devices import host_root, local_unit_count
 
     if device.spmd:
@@ -119,8 +125,13 @@ def local_worker_count(config: LaunchConfig, device: DevicePlan) -> int:
         return 1
     if config.nproc_per_node:
         count = config.nproc_per_node
-    elif config.nproc_source in ("auto",) and device.device not in ("cpu", "xpu"):
-        count = local_unit_count(device.device, host_root(os.environ)) or resolve_nproc("auto")
+    elif config.nproc_source == "auto" and device.device not in ("cpu", "xpu"):
+        count = local_unit_count(device.device, host_root(os.environ)) or 0
+        if not count:
+            if not config.dry_run:
+                raise UsageError(f"--nproc-per-node=auto found no {device.device} devices on this host: "
+                                 "give a number, or pick the device with --device")
+            count = resolve_nproc("auto")
     else:
         count = resolve_nproc(config.nproc_source)
     if device.explicit and device.device == "cpu" and count > 1 and not config.dry_run:

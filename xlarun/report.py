@@ -69,7 +69,7 @@ def format_failure(index: int, failure: FailureRecord) -> str:
     traceback = failure.traceback.replace("\n", "\n  ")
     return (f"[{index}]:\n"
             f"  time      : {stamp}\n"
-            f"  host      : {failure.host}\n"
+            f"  host      : {failure.host} (node_rank: {failure.node_rank})\n"
             f"  rank      : {failure.rank} (local_rank: {failure.local_rank})\n"
             f"  exitcode  : {failure.returncode} (pid: {failure.pid})\n"
             f"  error_file: {failure.error_file}\n"

@@ -24,7 +24,7 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, Optional
+from typing import IO, Callable, Iterable, Optional
 
 from xlarun.logs import StreamRelay, WorkerLogPlan, read_tail
 
@@ -228,6 +228,7 @@ class WorkerGroup:
         self._results: dict[int, WorkerResult] = {}
         self._relays: list[StreamRelay] = []
         self._stderr_relays: dict[int, StreamRelay] = {}
+        self._pipes: dict[int, list[tuple[IO[bytes], Callable[[], None]]]] = {}
         self._pgids: list[int] = []
         self._waiting: set[int] = set()
         self._failures: list[WorkerResult] = []
@@ -280,7 +281,9 @@ class WorkerGroup:
             if pipe is not None and relay is not None:
                 os.set_blocking(pipe.fileno(), False)
                 self._relays.append(relay)
-                self._selector.register(pipe, selectors.EVENT_READ, self._reader(pipe, relay))
+                reader = self._reader(pipe, relay)
+                self._pipes.setdefault(pid, []).append((pipe, reader))
+                self._selector.register(pipe, selectors.EVENT_READ, reader)
         pidfd = os.pidfd_open(pid)
         self._waiting.add(pidfd)
         self._selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_worker_exit(pidfd, pid))
@@ -330,6 +333,8 @@ class WorkerGroup:
         result.returncode = os.waitstatus_to_exitcode(status)
         result.ended_at = time.time()
         if result.returncode != 0 and self._stop_signal is None:
+            self._drain_pipes(self._pipes.get(pid, []))
+            result.stderr_tail = self._stderr_tail(result)
             self._failures.append(result)
             if self._on_failure is not None:
                 self._on_failure(result)
@@ -390,17 +395,13 @@ class WorkerGroup:
 
     def _drain_output(self) -> None:
         """Everything the workers wrote before they died reaches the logs and the console."""
-        for key in list(self._selector.get_map().values()):
-            if key.fd in (self._stop_read,) or not hasattr(key.fileobj, "read"):
-                continue
-            pipe = key.fileobj
-            while not pipe.closed:
-                try:
-                    key.data()
-                except BlockingIOError:
-                    break
-                if not pipe.closed and not _readable_now(key.fd):
-                    break
+        for pipes in self._pipes.values():
+            self._drain_pipes(pipes)
+
+    def _drain_pipes(self, pipes: list[tuple[IO[bytes], Callable[[], None]]]) -> None:
+        for pipe, read in pipes:
+            while not pipe.closed and _readable_now(pipe.fileno()):
+                read()
 
     def _close(self) -> None:
         for key in list(self._selector.get_map().values()):

@@ -7,7 +7,7 @@ imported only on that path.
 
 from __future__ import annotations
 
-from typing import Callable, Protocol
+from typing import Callable, Optional, Protocol
 
 from xlarun.ranks import NodeAssignment
 from xlarun.report import FailureRecord
@@ -23,11 +23,11 @@ class Rendezvous(Protocol):
     def publish_failure(self, failure: FailureRecord) -> None:
         """Tell the other nodes this node's workers failed."""
 
-    def remote_failures(self) -> list[FailureRecord]:
-        """Failures other nodes published for the current attempt, earliest first."""
+    def first_failure(self) -> Optional[FailureRecord]:
+        """The attempt's first failure on any node, as published (``None`` on a single node)."""
 
-    def finish_attempt(self, succeeded: bool) -> None:
-        """This node's workers are gone; wait for the others where the protocol needs it."""
+    def finish_attempt(self, succeeded: bool) -> bool:
+        """This node's workers are gone: wait for the other nodes; True when the attempt succeeded everywhere."""
 
     def close(self) -> None:
         """Leave the job (and stop serving the store if this node served it)."""
@@ -56,11 +56,11 @@ class FixedRendezvous:
     def publish_failure(self, failure: FailureRecord) -> None:
         return None
 
-    def remote_failures(self) -> list[FailureRecord]:
-        return []
-
-    def finish_attempt(self, succeeded: bool) -> None:
+    def first_failure(self) -> Optional[FailureRecord]:
         return None
+
+    def finish_attempt(self, succeeded: bool) -> bool:
+        return succeeded
 
     def close(self) -> None:
         return None

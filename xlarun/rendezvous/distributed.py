@@ -1,0 +1,423 @@
+"""Several nodes meeting over torch.distributed's TCPStore (static) or its c10d rendezvous handler.
+
+This module is imported only for multi-node launches: it is where torch is imported.
+
+One TCPStore serves the whole job: node 0's agent hosts it for ``static``, the agent on
+the endpoint's host for ``c10d``. The store listens only on the address it was given.
+Workers use it as torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE=True``, keys
+under ``/worker/attempt_<n>``), so ``env://``, ``tcp://`` and ``xla://`` all find it.
+
+Beside torch's keys, the agents keep a few of their own under ``xlarun/<run_id>/``::
+
+    job                          run id and token digest: a stray agent is refused
+    joined/<node>                static join (one key per node rank)
+    attempt_<n>/ready/<node>     every node is ready to start attempt n
+    attempt_<n>/nproc/<node>     local world sizes, from which global ranks follow
+    attempt_<n>/failure          the first failure of the attempt (JSON), first writer wins
+    attempt_<n>/done/<node>      this node's workers are gone
+    heartbeat/<node>             a counter each agent bumps; one that stops moving is a lost node
+    left/<node>                  this node has read all it needs; the host may close the store
+
+The watcher thread checks those keys every ``monitor_interval`` and stops the local
+workers when another node fails or goes silent.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import socket
+import sys
+import threading
+import time
+from dataclasses import asdict
+from typing import Any, Callable, Mapping, Optional
+
+from xlarun.config import DEFAULT_C10D_PORT, LaunchConfig, split_endpoint
+from xlarun.exceptions import LaunchError, UsageError
+from xlarun.ranks import NodeAssignment
+from xlarun.report import FailureRecord
+
+DEFAULT_JOIN_TIMEOUT = 600.0
+DEFAULT_HEARTBEAT_TIMEOUT = 5.0
+DEFAULT_CLOSE_TIMEOUT = 30.0
+WATCH_INTERVAL = 0.25
+
+
+def conf_seconds(conf: Mapping[str, str], key: str, default: float) -> float:
+    text = conf.get(key)
+    if text is None:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if value <= 0:
+        raise UsageError(f"--rdzv-conf {key}={text!r} is invalid: expected a positive number of seconds")
+    return value
+
+
+def conf_flag(conf: Mapping[str, str], key: str) -> Optional[bool]:
+    text = conf.get(key)
+    if text is None:
+        return None
+    lowered = text.lower()
+    if lowered in ("1", "true", "yes", "on"):
+        return True
+    if lowered in ("0", "false", "no", "off"):
+        return False
+    raise UsageError(f"--rdzv-conf {key}={text!r} is invalid: expected true or false")
+
+
+def token_digest(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest() if token else ""
+
+
+def listening_socket(host: str, port: int) -> socket.socket:
+    """A listening socket on exactly ``host:port`` (never every interface), for the store."""
+    family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    server = socket.socket(family, socket.SOCK_STREAM)
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        server.bind(address)
+    except OSError:
+        server.close()
+        raise
+    server.listen(512)
+    return server
+
+
+def is_local_host(host: str) -> bool:
+    from xlarun.ports import is_local_address
+
+    return is_local_address(host)
+
+
+class StatusLine:
+    """One line on a terminal that rewrites itself while the agent waits; silent otherwise."""
+
+    def __init__(self) -> None:
+        self._shown = False
+        self._tty = sys.stderr.isatty()
+
+    def update(self, text: str) -> None:
+        if self._tty:
+            sys.stderr.write(f"\rxlarun: {text}\033[K")
+            sys.stderr.flush()
+            self._shown = True
+
+    def clear(self) -> None:
+        if self._shown:
+            sys.stderr.write("\r\033[K")
+            sys.stderr.flush()
+            self._shown = False
+
+
+class StoreRendezvous:
+    """The multi-node :class:`~xlarun.rendezvous.Rendezvous` (see the module docstring)."""
+
+    def __init__(self, config: LaunchConfig, environ: Mapping[str, str]):
+        import torch.distributed as dist  # noqa: F401  (the engine: imported on this path only)
+
+        self._config = config
+        conf = config.rdzv_conf
+        self._join_timeout = conf_seconds(conf, "join_timeout", conf_seconds(conf, "timeout", DEFAULT_JOIN_TIMEOUT))
+        self._heartbeat_timeout = conf_seconds(conf, "heartbeat_timeout", DEFAULT_HEARTBEAT_TIMEOUT)
+        self._close_timeout = conf_seconds(conf, "close_timeout", DEFAULT_CLOSE_TIMEOUT)
+        self._token = conf.get("token") or environ.get("XLARUN_RDZV_TOKEN", "")
+        self._run_id = config.rdzv_id
+        self._server: Optional[socket.socket] = None
+        self._store: Any = None
+        self._node_rank = -1
+        self._nnodes = 0
+        self._store_host = ""
+        self._store_port = 0
+        self._attempt = 0
+        self._stop: Optional[Callable[[str], None]] = None
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._heartbeats: dict[int, tuple[int, float]] = {}
+        self._lost: Optional[str] = None
+        self._status = StatusLine()
+        self._watcher: Optional[threading.Thread] = None
+
+    # -- keys ---------------------------------------------------------------------------------
+
+    def _key(self, *parts: object) -> str:
+        return "/".join(["xlarun", self._run_id, *map(str, parts)])
+
+    # -- joining ------------------------------------------------------------------------------
+
+    def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
+        if self._store is None:
+            self._join()
+            self._watcher = threading.Thread(target=self._watch_loop, name="xlarun-rendezvous", daemon=True)
+            self._watcher.start()
+        self._attempt = attempt
+        self._store.set(self._key(f"attempt_{attempt}", "ready", self._node_rank), "1")
+        self._wait_for_nodes(f"attempt_{attempt}/ready", f"waiting for every node to start attempt {attempt}")
+        self._store.set(self._key(f"attempt_{attempt}", "nproc", self._node_rank), str(nproc_per_node))
+        sizes = self._read_all(f"attempt_{attempt}/nproc")
+        offset = sum(sizes[rank] for rank in range(self._node_rank))
+        return NodeAssignment(run_id=self._run_id, node_rank=self._node_rank, nnodes=self._nnodes,
+                              local_world_size=nproc_per_node, rank_offset=offset, world_size=sum(sizes.values()),
+                              master_addr=self._store_host, master_port=self._store_port,
+                              restart_count=attempt, agent_store=True)
+
+    def _join(self) -> None:
+        if self._config.rdzv_backend == "static":
+            self._join_static()
+        else:
+            self._join_c10d()
+        self._status.clear()
+
+    def _open_store(self, host: str, port: int, serve: bool, explicit_host: bool) -> bool:
+        """Serve or reach the job's store; returns whether this agent serves it."""
+        from torch.distributed import TCPStore
+
+        timeout = datetime.timedelta(seconds=self._join_timeout)
+        if serve:
+            try:
+                self._server = listening_socket(host, port)
+            except OSError as error:
+                if explicit_host:
+                    raise UsageError(f"cannot serve the rendezvous store on {host}:{port}: {error.strerror}; "
+                                     "pick a free port (--master_port or --rdzv_endpoint host:PORT)") from None
+                serve = False
+            else:
+                self._store = TCPStore(host, self._server.getsockname()[1], None, True, timeout,
+                                       wait_for_workers=False, multi_tenant=True,
+                                       master_listen_fd=self._server.fileno())
+        if not serve:
+            self._store = self._connect_client(host, port)
+        self._store_host, self._store_port = host, port
+        self._check_job()
+        return serve
+
+    def _connect_client(self, host: str, port: int) -> Any:
+        from torch.distributed import TCPStore
+
+        deadline = time.monotonic() + self._join_timeout
+        started = time.monotonic()
+        while True:
+            try:
+                return TCPStore(host, port, None, False, datetime.timedelta(seconds=min(10.0, self._join_timeout)),
+                                wait_for_workers=False)
+            except (RuntimeError, TimeoutError, ValueError) as error:
+                if time.monotonic() >= deadline:
+                    raise LaunchError(f"cannot reach the rendezvous store at {host}:{port} after "
+                                      f"{self._join_timeout:.0f} s ({first_line(error)}): is node 0's agent "
+                                      "running, and is the address reachable from this node?") from None
+                self._status.update(f"reaching the rendezvous store at {host}:{port} "
+                                    f"({time.monotonic() - started:.0f} s)")
+                time.sleep(0.5)
+
+    def _check_job(self) -> None:
+        """Refuse to mix with an agent of another job (run id) or one without the job's token."""
+        mine = json.dumps({"run_id": self._run_id, "token": token_digest(self._token)}, sort_keys=True)
+        found = self._store.compare_set("xlarun/job", "", mine).decode()
+        if found == mine:
+            return
+        try:
+            theirs = json.loads(found)
+        except ValueError:
+            theirs = {}
+        if theirs.get("run_id") != self._run_id:
+            reason = (f"the store at {self._store_host}:{self._store_port} serves run id "
+                      f"{theirs.get('run_id')!r}, not {self._run_id!r}")
+        else:
+            reason = f"this node's rendezvous token does not match the job's at {self._store_host}:{self._store_port}"
+        self._store.add("xlarun/refused", 1)
+        self._store.set(f"xlarun/refused/{socket.gethostname()}/{os.getpid()}", reason)
+        raise LaunchError(f"refused: {reason} (check --rdzv_id and --rdzv_conf token / XLARUN_RDZV_TOKEN)")
+
+    def _join_static(self) -> None:
+        config = self._config
+        self._node_rank, self._nnodes = config.node_rank, config.max_nodes
+        host, port = config.master_addr, config.master_port
+        serves = self._node_rank == 0
+        if serves and not is_local_host(host):
+            raise UsageError(f"node 0 serves the store at --master_addr {host}, which is not an address of "
+                             "this host: give this host's address")
+        self._open_store(host, port, serve=serves, explicit_host=True)
+        claimed = self._store.compare_set(self._key("joined", self._node_rank), "", str(os.getpid())).decode()
+        if claimed != str(os.getpid()):
+            raise LaunchError(f"node rank {self._node_rank} already joined run {self._run_id!r}: "
+                              "give each node its own --node_rank")
+        self._wait_for_nodes("joined", "waiting for nodes", join=True)
+
+    def _join_c10d(self) -> None:
+        from torch.distributed.elastic.rendezvous import RendezvousParameters
+        from torch.distributed.elastic.rendezvous.api import RendezvousError, RendezvousTimeoutError
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
+
+        config = self._config
+        host, port = split_endpoint(config.rdzv_endpoint or f"{config.master_addr}:{DEFAULT_C10D_PORT}",
+                                    DEFAULT_C10D_PORT)
+        explicit = conf_flag(config.rdzv_conf, "is_host")
+        serve = explicit if explicit is not None else is_local_host(host)
+        self._open_store(host, port, serve=serve, explicit_host=bool(explicit))
+        params = RendezvousParameters(backend="c10d", endpoint=f"{host}:{port}", run_id=self._run_id,
+                                      min_nodes=config.min_nodes, max_nodes=config.max_nodes,
+                                      local_addr=config.local_addr,
+                                      **{k: v for k, v in config.rdzv_conf.items() if k not in ("token", "is_host")})
+        handler = create_handler(self._store, C10dRendezvousBackend(self._store, self._run_id), params)
+        self._store.add(self._key("arrived"), 1)
+        started = time.monotonic()
+        ticker = threading.Event()
+
+        def tick() -> None:
+            while not ticker.wait(0.5):
+                arrived = int(self._store.add(self._key("arrived"), 0))
+                self._status.update(f"waiting for nodes: {arrived} joined, {config.min_nodes}"
+                                    f"{'' if config.min_nodes == config.max_nodes else f'-{config.max_nodes}'}"
+                                    f" expected ({time.monotonic() - started:.0f} s)")
+
+        threading.Thread(target=tick, daemon=True).start()
+        try:
+            info = handler.next_rendezvous()
+        except RendezvousTimeoutError:
+            arrived = int(self._store.add(self._key("arrived"), 0))
+            raise LaunchError(f"{arrived} of {config.min_nodes} nodes joined in {self._join_timeout:.0f} s at "
+                              f"{host}:{port} (run id {self._run_id!r}): start the missing nodes with the "
+                              "same --rdzv_endpoint and --rdzv_id") from None
+        except RendezvousError as error:
+            raise LaunchError(f"rendezvous at {host}:{port} failed: {first_line(error) or type(error).__name__}") from None
+        finally:
+            ticker.set()
+        self._node_rank, self._nnodes = info.rank, info.world_size
+
+    def _wait_for_nodes(self, group: str, what: str, join: bool = False) -> None:
+        """Wait until every node has set ``<group>/<node>``; a join timeout names the missing ranks."""
+        keys = [self._key(*group.split("/"), rank) for rank in range(self._nnodes)]
+        started = time.monotonic()
+        timeout = self._join_timeout
+        while True:
+            present = [rank for rank, key in enumerate(keys) if self._store.check([key])]
+            if len(present) == self._nnodes:
+                self._status.clear()
+                return
+            elapsed = time.monotonic() - started
+            missing = [rank for rank in range(self._nnodes) if rank not in present]
+            if elapsed >= timeout:
+                self._status.clear()
+                raise LaunchError(f"{len(present)} of {self._nnodes} nodes joined in {timeout:.0f} s; missing "
+                                  f"node ranks: {', '.join(map(str, missing))}")
+            if self._lost:
+                raise LaunchError(self._lost)
+            self._status.update(f"{what}: {len(present)}/{self._nnodes} joined ({elapsed:.0f} s)")
+            time.sleep(0.1 if join else 0.05)
+
+    def _read_all(self, group: str) -> dict[int, int]:
+        self._wait_for_nodes(group, "exchanging worker counts")
+        values = self._store.multi_get([self._key(*group.split("/"), rank) for rank in range(self._nnodes)])
+        return {rank: int(value) for rank, value in enumerate(values)}
+
+    # -- during an attempt --------------------------------------------------------------------
+
+    def watch(self, stop: Callable[[str], None]) -> None:
+        with self._lock:
+            self._stop = stop
+
+    def publish_failure(self, failure: FailureRecord) -> None:
+        self._store.compare_set(self._key(f"attempt_{self._attempt}", "failure"), "", json.dumps(asdict(failure)))
+
+    def first_failure(self) -> Optional[FailureRecord]:
+        key = self._key(f"attempt_{self._attempt}", "failure")
+        if not self._store.check([key]):
+            return None
+        return FailureRecord(**json.loads(self._store.get(key)))
+
+    def finish_attempt(self, succeeded: bool) -> bool:
+        """Report this node done and wait for the others; the attempt succeeded only if all did."""
+        with self._lock:
+            self._stop = None
+        attempt = f"attempt_{self._attempt}"
+        self._store.set(self._key(attempt, "done", self._node_rank), "1" if succeeded else "0")
+        self._wait_for_nodes(f"{attempt}/done", "waiting for the other nodes to finish")
+        return succeeded and self.first_failure() is None and self._lost is None
+
+    def close(self) -> None:
+        if self._store is None:
+            return
+        try:
+            self._store.set(self._key("left", self._node_rank), "1")
+            if self._server is not None:
+                # The host keeps the store up until every node has read the outcome.
+                deadline = time.monotonic() + self._close_timeout
+                keys = [self._key("left", rank) for rank in range(self._nnodes)]
+                while time.monotonic() < deadline and not self._lost:
+                    if all(self._store.check([key]) for key in keys):
+                        break
+                    time.sleep(0.05)
+        except RuntimeError:
+            pass
+        self._closed.set()
+        if self._server is not None:
+            self._server.close()
+
+    # -- watching the other nodes -------------------------------------------------------------
+
+    def _watch_loop(self) -> None:
+        from torch.distributed import TCPStore
+
+        # A connection of its own: TCPStore clients are not meant to be shared across threads.
+        store = TCPStore(self._store_host, self._store_port, None, False,
+                         datetime.timedelta(seconds=self._heartbeat_timeout), wait_for_workers=False)
+        while not self._closed.wait(WATCH_INTERVAL):
+            try:
+                problem = self._check_nodes(store)
+            except RuntimeError as error:
+                problem = (f"lost the rendezvous store at {self._store_host}:{self._store_port} "
+                           f"({first_line(error)}): its host node stopped")
+            if problem:
+                self._lost = problem
+                self._request_stop(problem)
+                return
+
+    def _check_nodes(self, store: Any) -> Optional[str]:
+        store.add(self._key("heartbeat", self._node_rank), 1)
+        now = time.monotonic()
+        for rank in range(self._nnodes):
+            if rank == self._node_rank or store.check([self._key("left", rank)]):
+                continue
+            beat = int(store.add(self._key("heartbeat", rank), 0))
+            last_beat, seen_at = self._heartbeats.get(rank, (-1, now))
+            if beat != last_beat:
+                self._heartbeats[rank] = (beat, now)
+            elif now - seen_at > self._heartbeat_timeout:
+                return f"node {rank} stopped responding (no heartbeat for {self._heartbeat_timeout:.0f} s)"
+        failure_key = self._key(f"attempt_{self._attempt}", "failure")
+        if self._stop is not None and store.check([failure_key]):
+            failure = FailureRecord(**json.loads(store.get(failure_key)))
+            self._request_stop(f"rank {failure.rank} on node {failure.node_rank} failed "
+                               f"(exit code {failure.exit_status})")
+        return None
+
+    def _request_stop(self, reason: str) -> None:
+        with self._lock:
+            stop = self._stop
+        if stop is not None:
+            stop(reason)
+
+
+def first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def connect(config: LaunchConfig, environ: Mapping[str, str]) -> StoreRendezvous:
+    """The rendezvous for a multi-node launch; nothing is contacted until the first attempt."""
+    if config.rdzv_backend == "static" and config.rdzv_endpoint:
+        host, port = split_endpoint(config.rdzv_endpoint, config.master_port)
+        config = _with_master(config, host, port)
+    return StoreRendezvous(config, environ)
+
+
+def _with_master(config: LaunchConfig, host: str, port: int) -> LaunchConfig:
+    from dataclasses import replace
+
+    return replace(config, master_addr=host, master_port=port)
