@@ -1,0 +1,159 @@
+"""Shared helpers for the launcher tests: run xlarun (and torchrun) as real processes.
+
+- ``run_xlarun(*args, env=..., cwd=...)`` runs ``python -m xlarun ARGS`` to completion and
+  returns ``Run(returncode, stdout, stderr)`` (a tuple).
+- ``start_xlarun(...)`` starts it without waiting, for tests that signal the launcher.
+- ``clean_env(**extra)``: this process's environment without anything a launcher reads
+  or sets (``PET_*``, ranks, ``TORCHELASTIC_*``, ``OMP_NUM_THREADS``...), so each test
+  states what it depends on.
+- ``worker("name.py")``: the path of a worker script in ``tests/workers``.
+- ``wait_for(check, what)``: polls ``check`` until true; its deadline is only a safety net.
+- ``is_alive(pid)``: a live process (a zombie counts as dead).
+
+Launchers run as ``python -m ...`` with this interpreter, so xlarun and torchrun start
+their workers with the same ``sys.executable``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Mapping, NamedTuple, Optional, Sequence
+
+import psutil
+import pytest
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+WORKERS = TESTS / "workers"
+PYTHON = sys.executable
+XLARUN = [PYTHON, "-m", "xlarun"]
+TORCHRUN = [PYTHON, "-m", "torch.distributed.run"]
+# Safety nets only: a healthy run of these tiny workers ends long before.
+RUN_TIMEOUT_S = 120
+WAIT_TIMEOUT_S = 60
+
+# What a launcher reads or sets; a value inherited from the test runner would change the run.
+LAUNCHER_VARIABLES = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHON_EXEC", "PJRT_DEVICE", "CPU_NUM_DEVICES",
+    "XLA_USE_SPMD", "LOGLEVEL",
+)
+LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_", "XLARUN_", "PJRT_", "XRT_", "SLURM_", "OMPI_", "PMI_", "TPU_")
+
+
+class Run(NamedTuple):
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+    env = {name: value for name, value in os.environ.items()
+           if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)}
+    env.update(extra or {})
+    return env
+
+
+def run_command(command: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
+                cwd: Optional[os.PathLike | str] = None, timeout: float = RUN_TIMEOUT_S) -> Run:
+    completed = subprocess.run(list(command), env=clean_env(env), cwd=cwd, capture_output=True, text=True,
+                               stdin=subprocess.DEVNULL, timeout=timeout)
+    return Run(completed.returncode, completed.stdout, completed.stderr)
+
+
+def run_xlarun(*args: str, env: Optional[Mapping[str, str]] = None, cwd: Optional[os.PathLike | str] = None,
+               timeout: float = RUN_TIMEOUT_S) -> Run:
+    """Run xlarun to completion; ``env`` adds to a clean environment."""
+    return run_command([*XLARUN, *map(str, args)], env=env, cwd=cwd, timeout=timeout)
+
+
+def run_torchrun(*args: str, env: Optional[Mapping[str, str]] = None, cwd: Optional[os.PathLike | str] = None,
+                 timeout: float = RUN_TIMEOUT_S) -> Run:
+    return run_command([*TORCHRUN, *map(str, args)], env=env, cwd=cwd, timeout=timeout)
+
+
+def start_xlarun(*args: str, env: Optional[Mapping[str, str]] = None,
+                 cwd: Optional[os.PathLike | str] = None) -> subprocess.Popen:
+    """Start xlarun in the background (its output captured as text); the caller waits for it."""
+    return subprocess.Popen([*XLARUN, *map(str, args)], env=clean_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def finish(process: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> Run:
+    """Wait for a started launcher; kill it if it outlives the safety net."""
+    try:
+        stdout, stderr = process.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        stdout, stderr = process.communicate()
+        pytest.fail(f"launcher still running after {timeout} s\nstdout:\n{stdout}\nstderr:\n{stderr}")
+    return Run(process.returncode, stdout, stderr)
+
+
+def worker(name: str) -> str:
+    return str(WORKERS / name)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            pytest.fail(f"gave up waiting for {what}")
+        time.sleep(0.02)
+
+
+def files_exist(*paths: os.PathLike | str) -> Callable[[], bool]:
+    return lambda: all(os.path.exists(path) for path in paths)
+
+
+def read_pid(path: os.PathLike | str) -> int:
+    return int(Path(path).read_text())
+
+
+def is_alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def launcher_frames(stderr: str, allowed: tuple[str, ...] = ()) -> list[str]:
+    """Traceback lines that point into xlarun's own modules (a launcher traceback leaked)."""
+    frames = re.findall(r'File "[^"]*/xlarun/([^"]+)"', stderr)
+    return [frame for frame in frames if frame not in allowed]
+
+
+def kill_all(pids: Sequence[int]) -> None:
+    """Cleanup after a failed test: nothing the test started may keep running."""
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    """An empty directory that workers write their records to."""
+    directory = tmp_path / "out"
+    directory.mkdir()
+    return directory
+
+
+@pytest.fixture
+def port() -> int:
+    return free_port()
