@@ -21,6 +21,7 @@ from string import Template
 from typing import Optional
 
 from xlarun.config import STDERR, STDOUT, LaunchConfig
+from xlarun.exceptions import UsageError
 
 TAIL_LINES = 20
 # A worker that never ends a line (progress bars) still gets its text out in bounded pieces.
@@ -51,12 +52,16 @@ class WorkerLogPlan:
 
 def make_run_log_dir(base: Optional[str], run_id: str) -> str:
     """The run's directory: ``<base>/<run_id>_<random>``, ``base`` a fresh temp dir when not given."""
-    if base is None:
-        base = tempfile.mkdtemp(prefix="xlarun_")
-    elif os.path.isfile(base):
-        raise NotADirectoryError(f"--log-dir {base} is a file")
-    os.makedirs(base, exist_ok=True)
-    return tempfile.mkdtemp(prefix=f"{run_id}_", dir=base)
+    try:
+        if base is None:
+            base = tempfile.mkdtemp(prefix="xlarun_")
+        elif os.path.isfile(base):
+            raise UsageError(f"--log-dir {base} is a file: give a directory (it is created when missing)")
+        os.makedirs(base, exist_ok=True)
+        return tempfile.mkdtemp(prefix=f"{run_id}_", dir=base)
+    except OSError as error:
+        raise UsageError(f"--log-dir {base} cannot hold the logs ({error.strerror}): "
+                         "give a writable directory") from None
 
 
 def line_prefix(config: LaunchConfig, rank: int, local_rank: int) -> bytes:

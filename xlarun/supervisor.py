@@ -262,11 +262,19 @@ class WorkerGroup:
     def _start(self, spec: WorkerSpec) -> None:
         stdout, stdout_relay = self._stream_target(spec.logs.stdout)
         stderr, stderr_relay = self._stream_target(spec.logs.stderr)
-        process = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=stdout, stderr=stderr,
-                                   start_new_session=True, close_fds=True)
-        for handle in (stdout, stderr):
-            if isinstance(handle, int) and handle > 2:
-                os.close(handle)
+        try:
+            process = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=stdout, stderr=stderr,
+                                       start_new_session=True, close_fds=True)
+        except OSError as error:
+            # The workers already started must not run on alone.
+            self._stop_reason = (f"cannot start local rank {spec.local_rank}: "
+                                 f"{spec.argv[0]}: {error.strerror}")
+            self._begin_stop(signal.SIGTERM)
+            return
+        finally:
+            for handle in (stdout, stderr):
+                if isinstance(handle, int) and handle > 2:
+                    os.close(handle)
         pid = process.pid
         # Popen must not reap or warn about a child whose status this loop collects.
         process.returncode = 0
