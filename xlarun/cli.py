@@ -168,7 +168,8 @@ def _build_command() -> click.Command:
                  if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
         return launch_from_command_line(given, training_script, tuple(training_script_args), os.environ)
 
-    for spellings, takes_value, help_text in reversed(ALL_OPTIONS):
+    # Options added to a built command are listed in the order they are added.
+    for spellings, takes_value, help_text in ALL_OPTIONS:
         command = _option(spellings, takes_value, help_text)(command)
     return command
 
