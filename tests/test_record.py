@@ -1,0 +1,130 @@
+"""``xlarun.record`` writes torchrun's error-file JSON, which torch's own reader understands."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+import xlarun
+from conftest import PYTHON, clean_env, run_torchrun, worker
+
+
+def keys_of(value: object) -> object:
+    """The nested key structure of a JSON document."""
+    if isinstance(value, dict):
+        return {key: keys_of(item) for key, item in value.items()}
+    return type(value).__name__
+
+
+def test_record_writes_torchruns_error_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+
+    @xlarun.record
+    def main() -> None:
+        raise RuntimeError("boom")
+
+    before = int(time.time())
+    with pytest.raises(RuntimeError, match="boom"):
+        main()
+    after = int(time.time())
+    data = json.loads(error_file.read_text())
+    assert keys_of(data) == {"message": {"message": "str", "extraInfo": {"py_callstack": "str", "timestamp": "str"}}}
+    assert data["message"]["message"] == "RuntimeError: boom"
+    callstack = data["message"]["extraInfo"]["py_callstack"]
+    assert callstack.startswith("Traceback (most recent call last):")
+    assert callstack.endswith("RuntimeError: boom\n")
+    assert before <= int(data["message"]["extraInfo"]["timestamp"]) <= after
+
+
+def test_record_passes_results_and_clean_exits_through(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+
+    @xlarun.record
+    def returns(value: int) -> int:
+        return value * 2
+
+    @xlarun.record
+    def exits(code: object) -> None:
+        raise SystemExit(code)
+
+    assert returns(21) == 42
+    assert returns.__name__ == "returns"
+    assert exits(0) is None and exits(None) is None
+    with pytest.raises(SystemExit) as stopped:
+        exits(3)
+    assert stopped.value.code == 3
+    assert not error_file.exists()
+
+
+def test_record_without_a_launcher_only_reraises(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("TORCHELASTIC_ERROR_FILE", raising=False)
+    monkeypatch.chdir(tmp_path)
+
+    @xlarun.record
+    def main() -> None:
+        raise ValueError("plain")
+
+    with pytest.raises(ValueError, match="plain"):
+        main()
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_same_file_as_torchs_record(tmp_path: Path) -> None:
+    """The worker raising under each decorator, started by hand as a launcher would."""
+    written = {}
+    for wrapping in ("xlarun", "torch"):
+        error_file = tmp_path / f"{wrapping}.json"
+        completed = subprocess.run([PYTHON, worker("raises.py"), wrapping], capture_output=True, text=True,
+                                   env=clean_env({"RANK": "0", "TORCHELASTIC_ERROR_FILE": str(error_file)}))
+        assert completed.returncode == 1
+        assert "RuntimeError: boom from the worker" in completed.stderr
+        written[wrapping] = json.loads(error_file.read_text())
+    assert keys_of(written["xlarun"]) == keys_of(written["torch"])
+    assert written["xlarun"]["message"]["message"] == written["torch"]["message"]["message"]
+    for data in written.values():
+        assert data["message"]["extraInfo"]["py_callstack"].endswith("RuntimeError: boom from the worker\n")
+
+
+def test_torchs_reader_understands_the_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
+
+    error_file = tmp_path / "error.json"
+    monkeypatch.setenv("TORCHELASTIC_ERROR_FILE", str(error_file))
+
+    @xlarun.record
+    def main() -> None:
+        raise KeyError("missing shard")
+
+    with pytest.raises(KeyError):
+        main()
+    data = json.loads(error_file.read_text())
+    failure = ProcessFailure(local_rank=0, pid=os.getpid(), exitcode=1, error_file=str(error_file))
+    assert failure.message == data["message"]
+    assert failure.timestamp == int(data["message"]["extraInfo"]["timestamp"])
+    report = ChildFailedError("train.py", {0: failure}).format_msg()
+    assert f"error_file: {error_file}" in report
+    assert "  KeyError: 'missing shard'" in report
+
+
+def test_torchrun_reports_a_traceback_written_by_xlarun_record(port: int) -> None:
+    script = worker("raises.py")
+    result = run_torchrun("--nproc_per_node", "2", "--master_port", port, script, "xlarun")
+    assert result.returncode == 1
+    block = result.stderr[result.stderr.index(f"{script} FAILED"):]
+    assert "error_file: <N/A>" not in block
+    assert "traceback : Traceback (most recent call last):" in block
+    assert "  RuntimeError: boom from the worker" in block
+
+
+def test_record_needs_no_torch() -> None:
+    completed = subprocess.run(
+        [PYTHON, "-c", "import sys, xlarun; xlarun.record(print); print('torch' in sys.modules)"],
+        capture_output=True, text=True, env=clean_env())
+    assert completed.stdout.strip() == "False", completed.stderr
