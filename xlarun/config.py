@@ -374,7 +374,7 @@ def build_config(given: Mapping[str, Optional[str]], script: Optional[str], scri
         log_line_prefix_template=environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
         numa_binding=numa_binding,
         kill_timeout=_parse_kill_timeout(kill_timeout),
-        summary_file=summary_file,
+        summary_file=_check_summary_file(summary_file),
         dry_run=dry_run,
     )
 
@@ -389,3 +389,17 @@ def _parse_kill_timeout(text: Optional[str]) -> float:
     if not 0 <= seconds < float("inf"):
         raise UsageError(f"--kill-timeout={text!r} is invalid: expected a number of seconds >= 0")
     return seconds
+
+
+def _check_summary_file(path: Optional[str]) -> Optional[str]:
+    """Catch a path that can never take the summary before the run, not after it."""
+    if path is None:
+        return None
+    if not path or os.path.isdir(path):
+        raise UsageError(f"--summary-file={path!r} is not a file path: give the JSON file to write")
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        parent = os.path.dirname(parent)
+    if not os.path.isdir(parent):
+        raise UsageError(f"--summary-file={path!r} cannot be created: {parent} is not a directory")
+    return path

@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import socket
+import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Optional
@@ -107,13 +108,16 @@ class RunSummary:
             for r in results]})
 
     def write(self, path: str) -> None:
-        directory = os.path.dirname(os.path.abspath(path))
-        os.makedirs(directory, exist_ok=True)
+        """Write the record; a path that cannot take it costs one line, not the run's exit code."""
         temporary = f"{path}.tmp{os.getpid()}"
-        with open(temporary, "w") as handle:
-            json.dump(asdict(self), handle, indent=2)
-            handle.write("\n")
-        os.replace(temporary, path)
+        try:
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            with open(temporary, "w") as handle:
+                json.dump(asdict(self), handle, indent=2)
+                handle.write("\n")
+            os.replace(temporary, path)
+        except OSError as error:
+            sys.stderr.write(f"xlarun: cannot write the summary file {path}: {error.strerror}\n")
 
 
 def failure_as_dict(failure: FailureRecord) -> dict[str, Any]:
