@@ -44,6 +44,7 @@ BAD_INPUTS = {
     "kill timeout negative": (["--kill-timeout", "-1"], {}, "--kill-timeout='-1'"),
     "kill timeout word": (["--kill-timeout", "soon"], {}, "--kill-timeout='soon'"),
     "kill timeout infinite": (["--kill-timeout", "inf"], {}, "--kill-timeout='inf'"),
+    "summary file is a directory": (["--summary-file", "/"], {}, "--summary-file='/'"),
     "unknown option": (["--nproc_per_node", "1", "--turbo"], {}, "--turbo"),
     "unknown short option": (["-x"], {}, "-x"),
     "ambiguous prefix": (["--no"], {}, "--no-python"),
@@ -102,6 +103,14 @@ def test_log_dir_that_is_a_file(tmp_path: Path) -> None:
     marker = tmp_path / "marker"
     result = run_xlarun("--log-dir", log_file, "--master_port", "0", worker("marker.py"), marker)
     assert_refused(result, marker, "--log-dir")
+
+
+def test_summary_file_below_a_file(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("")
+    marker = tmp_path / "marker"
+    result = run_xlarun("--summary-file", tmp_path / "plain" / "summary.json", "--master_port", "0",
+                        worker("marker.py"), marker)
+    assert_refused(result, marker, "is not a directory")
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "0.0.0.0"])

@@ -137,3 +137,12 @@ def test_summary_file_of_a_failed_run(tmp_path: Path, out_dir: Path, port: int) 
     assert root["pid"] == read_pid(out_dir / "0.ready")
     workers = summary["attempts"][0]["workers"]
     assert [(w["exitcode"], w["signal"]) for w in workers] == [(7, None), (None, "SIGTERM")]
+
+
+def test_summary_file_that_cannot_be_written_keeps_the_runs_exit_code(out_dir: Path, port: int) -> None:
+    """The path looked fine at the start (its parent could be created) but is not writable at the end."""
+    result = run_xlarun("--master_port", port, "--summary-file", "/proc/no-such-dir/summary.json",
+                        worker("signal_recorder.py"), out_dir, "--fail-rank", "0", "--code", "6")
+    assert result.returncode == 6
+    assert "xlarun: cannot write the summary file /proc/no-such-dir/summary.json" in result.stderr
+    assert launcher_frames(result.stderr) == []
