@@ -24,6 +24,16 @@ def test_grandchildren_of_an_exited_worker_are_torn_down_on_failure(out_dir: Pat
         kill_all(grandchildren)
 
 
+def test_grandchildren_left_by_successful_workers_are_torn_down(out_dir: Path, port: int) -> None:
+    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, worker("grandchild.py"), out_dir, "exit")
+    grandchildren = pids(out_dir, "grandchild")
+    try:
+        assert result.returncode == 0, result.stderr
+        assert [pid for pid in grandchildren if is_alive(pid)] == []
+    finally:
+        kill_all(grandchildren)
+
+
 def test_grandchildren_are_torn_down_when_the_launcher_is_stopped(out_dir: Path, port: int) -> None:
     launcher = start_xlarun("--nproc_per_node", "2", "--master_port", port, worker("grandchild.py"), out_dir, "wait")
     wait_for(files_exist(*(out_dir / f"{rank}.ready" for rank in (0, 1))), "workers and their children")

@@ -8,6 +8,7 @@ Every rank starts a child process that sleeps, and records its pid in
 - ``exit-then-fail``: rank 0 records its own pid in ``OUT_DIR/0.exited`` and exits 0 at
   once (its grandchild lives on in rank 0's process group); rank 1 waits until rank 0 is
   gone, then exits 1.
+- ``exit``: every rank exits 0 at once, leaving its grandchild running.
 - ``wait``: every rank records its pid in ``OUT_DIR/<RANK>.ready`` and sleeps until killed.
 """
 
@@ -51,6 +52,9 @@ if mode == "exit-then-fail":
     while not is_gone(first):
         time.sleep(0.02)
     raise SystemExit(1)
+
+if mode == "exit":
+    os._exit(0)
 
 publish(f"{rank}.ready", os.getpid())
 time.sleep(600)
