@@ -3,9 +3,9 @@
 - ``run_xlarun(*args, env=..., cwd=...)`` runs ``python -m xlarun ARGS`` to completion and
   returns ``Run(returncode, stdout, stderr)`` (a tuple).
 - ``start_xlarun(...)`` starts it without waiting, for tests that signal the launcher.
-- ``clean_env(**extra)``: this process's environment without anything a launcher reads
+- ``clean_env(extra)``: this process's environment without anything a launcher reads
   or sets (``PET_*``, ranks, ``TORCHELASTIC_*``, ``OMP_NUM_THREADS``...), so each test
-  states what it depends on.
+  states what it depends on; device detection sees a CPU-only host.
 - ``worker("name.py")``: the path of a worker script in ``tests/workers``.
 - ``wait_for(check, what)``: polls ``check`` until true; its deadline is only a safety net.
 - ``is_alive(pid)``: a live process (a zombie counts as dead).
@@ -32,6 +32,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
 WORKERS = TESTS / "workers"
+CPU_HOST = TESTS / "fixtures" / "hosts" / "gce-cpu-vm"
 PYTHON = sys.executable
 XLARUN = [PYTHON, "-m", "xlarun"]
 TORCHRUN = [PYTHON, "-m", "torch.distributed.run"]
@@ -58,6 +59,9 @@ class Run(NamedTuple):
 def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items()
            if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)}
+    # The launcher tests see a host without accelerators wherever they run (device detection
+    # has its own tests), so ``--device auto`` means CPU as on a laptop or a CPU CI runner.
+    env["XLARUN_HOST_ROOT"] = str(CPU_HOST)
     env.update(extra or {})
     return env
 
