@@ -50,6 +50,16 @@ LAUNCHER_VARIABLES = (
 LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_", "XLARUN_", "PJRT_", "XRT_", "SLURM_", "OMPI_", "PMI_", "TPU_")
 
 
+_launcher_tmpdir: Optional[Path] = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def launcher_tmpdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    global _launcher_tmpdir
+    _launcher_tmpdir = tmp_path_factory.mktemp("launcher-tmp")
+    return _launcher_tmpdir
+
+
 class Run(NamedTuple):
     returncode: int
     stdout: str
@@ -62,6 +72,9 @@ def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     # The launcher tests see a host without accelerators wherever they run (device detection
     # has its own tests), so ``--device auto`` means CPU as on a laptop or a CPU CI runner.
     env["XLARUN_HOST_ROOT"] = str(CPU_HOST)
+    # Default log directories (and anything else temporary) land in pytest's own, pruned tree.
+    if _launcher_tmpdir is not None:
+        env["TMPDIR"] = str(_launcher_tmpdir)
     env.update(extra or {})
     return env
 
