@@ -30,7 +30,6 @@ import psutil
 import pytest
 
 TESTS = Path(__file__).resolve().parent
-REPO = TESTS.parent
 WORKERS = TESTS / "workers"
 CPU_HOST = TESTS / "fixtures" / "hosts" / "gce-cpu-vm"
 PYTHON = sys.executable
