@@ -24,9 +24,12 @@ def recorded(out_dir: Path, rank: int) -> list[str]:
 
 def start_recorders(out_dir: Path, port: int, launcher_flags: Sequence[str] = (),
                     worker_flags: Sequence[str] = ()) -> subprocess.Popen:
-    """Two recording workers, started and ready for signals."""
+    """Two recording workers, started and ready for signals.
+
+    They run in ``out_dir``: a worker ended by SIGQUIT may leave a core file in its cwd.
+    """
     launcher = start_xlarun("--nproc_per_node", "2", "--master_port", port, *launcher_flags,
-                            worker("signal_recorder.py"), out_dir, *worker_flags)
+                            worker("signal_recorder.py"), out_dir, *worker_flags, cwd=out_dir)
     wait_for(files_exist(out_dir / "0.ready", out_dir / "1.ready"), "workers to install their handlers")
     return launcher
 
