@@ -9,6 +9,7 @@
 - ``worker("name.py")``: the path of a worker script in ``tests/workers``.
 - ``wait_for(check, what)``: polls ``check`` until true; its deadline is only a safety net.
 - ``is_alive(pid)``: a live process (a zombie counts as dead).
+- ``slurm_env``: a session fixture, the environment for ``srun`` on the Slurm test cluster.
 
 Launchers run as ``python -m ...`` with this interpreter, so xlarun and torchrun start
 their workers with the same ``sys.executable``.
@@ -30,6 +31,7 @@ import psutil
 import pytest
 
 TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
 WORKERS = TESTS / "workers"
 CPU_HOST = TESTS / "fixtures" / "hosts" / "gce-cpu-vm"
 PYTHON = sys.executable
@@ -173,3 +175,11 @@ def out_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+@pytest.fixture(scope="session")
+def slurm_env() -> dict[str, str]:
+    """The environment for ``srun`` on the two-node Slurm test cluster (see ``tests/slurm.py``)."""
+    from slurm import slurm_cluster
+
+    return slurm_cluster()
