@@ -70,7 +70,7 @@ class Agent:
             self.summary.restarts = attempt
             group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.kill_timeout, guard=guard,
                                 on_failure=lambda result, n=node: self.rendezvous.publish_failure(
-                                    FailureRecord.from_result(result, n.node_rank)))
+                                    FailureRecord.from_result(result, n.node_rank, n.nnodes)))
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
             self.summary.add_attempt(attempt, outcome.results)
@@ -101,7 +101,7 @@ class Agent:
         return specs
 
     def _failures(self, outcome: GroupOutcome, node: NodeAssignment) -> list[FailureRecord]:
-        local = [FailureRecord.from_result(result, node.node_rank) for result in outcome.failures]
+        local = [FailureRecord.from_result(result, node.node_rank, node.nnodes) for result in outcome.failures]
         first = self.rendezvous.first_failure()
         # Another node's failure came first: it is the root cause here too.
         if first is not None and first.node_rank != node.node_rank:

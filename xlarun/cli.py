@@ -190,4 +190,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.exit(1)
     except click.exceptions.Abort:
         sys.exit(130)
+    except Exception as error:
+        if os.environ.get("XLARUN_DEBUG"):
+            raise
+        sys.stderr.write(f"xlarun: internal error: {type(error).__name__}: {error} "
+                         "(set XLARUN_DEBUG=1 for the traceback)\n")
+        sys.exit(1)
     sys.exit(code if isinstance(code, int) else 0)

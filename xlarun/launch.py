@@ -27,6 +27,8 @@ OWN_OPTIONS = ("dry_run", "kill_timeout", "summary_file", "device", "runtime", "
 
 def launch_from_command_line(given: Mapping[str, Optional[str]], script: Optional[str],
                              script_args: tuple[str, ...], environ: Mapping[str, str]) -> int:
+    # Workers get the environment as it was when the launcher started, whatever it sets for itself.
+    environ = dict(environ)
     own = {name: given.get(name) for name in OWN_OPTIONS}
     torchrun_values = {name: value for name, value in given.items() if name not in OWN_OPTIONS}
     torchrun_values = apply_cluster(own.get("cluster") or environ.get("XLARUN_CLUSTER") or "none",
@@ -35,7 +37,7 @@ def launch_from_command_line(given: Mapping[str, Optional[str]], script: Optiona
                           kill_timeout=own["kill_timeout"], summary_file=own["summary_file"],
                           dry_run=own["dry_run"] is not None)
     device = plan_device(own, config, environ)
-    nproc = local_worker_count(config, device)
+    nproc = local_worker_count(config, device, environ)
     rendezvous = choose_rendezvous(config, environ)
     if config.dry_run:
         return print_plan(config, device, rendezvous, nproc, environ)
@@ -86,7 +88,12 @@ def plan_device(own: Mapping[str, Optional[str]], config: LaunchConfig, environ:
     runtime_requested = own.get("runtime") or "auto"
     if runtime_requested not in ("auto", "pjrt", "xrt"):
         raise UsageError(f"--runtime={runtime_requested!r} is unknown: expected auto, pjrt or xrt")
-    runtime = resolve_runtime(runtime_requested, installed_version("torch_xla"))
+    torch_xla_version = installed_version("torch_xla")
+    runtime = resolve_runtime(runtime_requested, torch_xla_version)
+    if (device == "cuda" and requested == "auto" and "PJRT_DEVICE" not in environ
+            and not config.dry_run and not xla_has_cuda(torch_xla_version)):
+        # A GPU host running a plain torchrun job (NCCL, gloo) must not be refused for lack of XLA:GPU.
+        device = "cpu"
     spmd = own.get("spmd") is not None
     virtual_devices = _positive_int(own.get("virtual_devices"), "--virtual-devices")
     if not config.dry_run:
@@ -110,7 +117,7 @@ def plan_device(own: Mapping[str, Optional[str]], config: LaunchConfig, environ:
     return DevicePlan(device=device, runtime=runtime, variables=variables, spmd=spmd, explicit=explicit)
 
 
-def local_worker_count(config: LaunchConfig, device: DevicePlan) -> int:
+def local_worker_count(config: LaunchConfig, device: DevicePlan, environ: Mapping[str, str]) -> int:
     """``--nproc-per-node``: a number as given; ``auto`` counts the device's local units.
 
     Under ``--spmd`` one process sees every local device. ``cpu``/``gpu``, and ``auto``
@@ -126,7 +133,7 @@ def local_worker_count(config: LaunchConfig, device: DevicePlan) -> int:
     if config.nproc_per_node:
         count = config.nproc_per_node
     elif config.nproc_source == "auto" and device.device not in ("cpu", "xpu"):
-        count = local_unit_count(device.device, host_root(os.environ)) or 0
+        count = local_unit_count(device.device, host_root(environ)) or 0
         if not count:
             if not config.dry_run:
                 raise UsageError(f"--nproc-per-node=auto found no {device.device} devices on this host: "
@@ -175,6 +182,13 @@ def print_plan(config: LaunchConfig, device: DevicePlan, rendezvous: Rendezvous,
     json.dump(document, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0
+
+
+def xla_has_cuda(torch_xla_version: Optional[str]) -> bool:
+    """XLA:GPU exists in torch_xla 2.2 to 2.8 only."""
+    from xlarun.packages import major_minor
+
+    return torch_xla_version is not None and (2, 2) <= major_minor(torch_xla_version) < (2, 9)
 
 
 def _positive_int(text: Optional[str], flag: str) -> Optional[int]:

@@ -37,13 +37,14 @@ class FailureRecord:
     error_file: str = NOT_AVAILABLE
     traceback: str = NOT_AVAILABLE
     node_rank: int = 0
+    nnodes: int = 1
 
     @property
     def exit_status(self) -> int:
         return 128 - self.returncode if self.returncode < 0 else self.returncode
 
     @classmethod
-    def from_result(cls, result: WorkerResult, node_rank: int = 0) -> "FailureRecord":
+    def from_result(cls, result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> "FailureRecord":
         recorded = read_error_file(result.error_file)
         returncode = result.returncode if result.returncode is not None else 1
         if recorded is not None:
@@ -55,7 +56,7 @@ class FailureRecord:
         return cls(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
                    time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
                    host=socket.getfqdn(), error_file=result.error_file if recorded else NOT_AVAILABLE,
-                   traceback=text.rstrip("\n"), node_rank=node_rank)
+                   traceback=text.rstrip("\n"), node_rank=node_rank, nnodes=nnodes)
 
 
 def signal_name(number: int) -> str:
@@ -70,7 +71,7 @@ def format_failure(index: int, failure: FailureRecord) -> str:
     traceback = failure.traceback.replace("\n", "\n  ")
     return (f"[{index}]:\n"
             f"  time      : {stamp}\n"
-            f"  host      : {failure.host} (node_rank: {failure.node_rank})\n"
+            f"  host      : {failure.host}{f' (node_rank: {failure.node_rank})' if failure.nnodes > 1 else ''}\n"
             f"  rank      : {failure.rank} (local_rank: {failure.local_rank})\n"
             f"  exitcode  : {failure.returncode} (pid: {failure.pid})\n"
             f"  error_file: {failure.error_file}\n"

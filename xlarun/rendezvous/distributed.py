@@ -24,6 +24,7 @@ workers when another node fails or goes silent.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import hashlib
 import json
@@ -33,7 +34,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict
-from typing import Any, Callable, Mapping, Optional
+from typing import Any, Callable, Iterator, Mapping, Optional
 
 from xlarun.config import DEFAULT_C10D_PORT, LaunchConfig, split_endpoint
 from xlarun.exceptions import LaunchError, UsageError
@@ -75,18 +76,28 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
-def listening_socket(host: str, port: int) -> socket.socket:
-    """A listening socket on exactly ``host:port`` (never every interface), for the store."""
+def serve_store(host: str, port: int, timeout: float) -> tuple[Any, int]:
+    """A TCPStore server listening on exactly ``host:port`` (never every interface).
+
+    Returns the store and its port (``port`` 0 picks a free one). The store owns the
+    listening socket; dropping the last reference to the store stops the server.
+    """
+    from torch.distributed import TCPStore
+
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     server = socket.socket(family, socket.SOCK_STREAM)
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     try:
         server.bind(address)
+        server.listen(512)
     except OSError:
         server.close()
         raise
-    server.listen(512)
-    return server
+    bound_port = server.getsockname()[1]
+    store = TCPStore(host, bound_port, None, True, datetime.timedelta(seconds=timeout), wait_for_workers=False,
+                     multi_tenant=True, master_listen_fd=server.fileno())
+    server.detach()
+    return store, bound_port
 
 
 def is_local_host(host: str) -> bool:
@@ -119,6 +130,8 @@ class StoreRendezvous:
     """The multi-node :class:`~xlarun.rendezvous.Rendezvous` (see the module docstring)."""
 
     def __init__(self, config: LaunchConfig, environ: Mapping[str, str]):
+        # c10d logs every store hiccup with a C++ stack; the launcher reports such events in one line.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
         import torch.distributed as dist  # noqa: F401  (the engine: imported on this path only)
 
         self._config = config
@@ -128,7 +141,7 @@ class StoreRendezvous:
         self._close_timeout = conf_seconds(conf, "close_timeout", DEFAULT_CLOSE_TIMEOUT)
         self._token = conf.get("token") or environ.get("XLARUN_RDZV_TOKEN", "")
         self._run_id = config.rdzv_id
-        self._server: Optional[socket.socket] = None
+        self._serving = False
         self._store: Any = None
         self._node_rank = -1
         self._nnodes = 0
@@ -142,6 +155,7 @@ class StoreRendezvous:
         self._lost: Optional[str] = None
         self._status = StatusLine()
         self._watcher: Optional[threading.Thread] = None
+        self._worker_store: Any = None
 
     # -- keys ---------------------------------------------------------------------------------
 
@@ -151,6 +165,21 @@ class StoreRendezvous:
     # -- joining ------------------------------------------------------------------------------
 
     def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
+        with self._store_errors():
+            return self._assign(attempt, nproc_per_node)
+
+    @contextlib.contextmanager
+    def _store_errors(self) -> Iterator[None]:
+        """A store that stops answering mid-call means its host is gone: one line, not a C++ trace."""
+        try:
+            yield
+        except RuntimeError as error:
+            if self._store is None and not self._store_host:
+                raise
+            raise LaunchError(self._lost or f"lost the rendezvous store at {self._store_host}:{self._store_port} "
+                              f"({first_line(error)}): the node hosting it stopped") from None
+
+    def _assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
         if self._store is None:
             self._join()
             self._watcher = threading.Thread(target=self._watch_loop, name="xlarun-rendezvous", daemon=True)
@@ -163,8 +192,24 @@ class StoreRendezvous:
         offset = sum(sizes[rank] for rank in range(self._node_rank))
         return NodeAssignment(run_id=self._run_id, node_rank=self._node_rank, nnodes=self._nnodes,
                               local_world_size=nproc_per_node, rank_offset=offset, world_size=sum(sizes.values()),
-                              master_addr=self._store_host, master_port=self._store_port,
+                              master_addr=self._store_host, master_port=self._worker_store_port(attempt),
                               restart_count=attempt, agent_store=True)
+
+    def _worker_store_port(self, attempt: int) -> int:
+        """The store the workers use: the job's own on the first attempt, a fresh one on each restart.
+
+        torch's ``env://`` reuses an agent store without a per-attempt prefix, so keys a
+        failed attempt left behind would mislead the next one; a new store has none.
+        """
+        if attempt == 0:
+            return self._store_port
+        key = self._key(f"attempt_{attempt}", "worker_store_port")
+        if self._serving:
+            # Replacing the previous attempt's store stops its server.
+            self._worker_store, port = serve_store(self._store_host, 0, self._join_timeout)
+            self._store.set(key, str(port))
+        self._wait_for_keys([key], "waiting for the worker store")
+        return int(self._store.get(key))
 
     def _join(self) -> None:
         if self._config.rdzv_backend == "static":
@@ -175,23 +220,17 @@ class StoreRendezvous:
 
     def _open_store(self, host: str, port: int, serve: bool, explicit_host: bool) -> bool:
         """Serve or reach the job's store; returns whether this agent serves it."""
-        from torch.distributed import TCPStore
-
-        timeout = datetime.timedelta(seconds=self._join_timeout)
         if serve:
             try:
-                self._server = listening_socket(host, port)
+                self._store, _ = serve_store(host, port, self._join_timeout)
             except OSError as error:
                 if explicit_host:
                     raise UsageError(f"cannot serve the rendezvous store on {host}:{port}: {error.strerror}; "
                                      "pick a free port (--master_port or --rdzv_endpoint host:PORT)") from None
                 serve = False
-            else:
-                self._store = TCPStore(host, self._server.getsockname()[1], None, True, timeout,
-                                       wait_for_workers=False, multi_tenant=True,
-                                       master_listen_fd=self._server.fileno())
         if not serve:
             self._store = self._connect_client(host, port)
+        self._serving = serve
         self._store_host, self._store_port = host, port
         self._check_job()
         return serve
@@ -246,7 +285,7 @@ class StoreRendezvous:
         if claimed != str(os.getpid()):
             raise LaunchError(f"node rank {self._node_rank} already joined run {self._run_id!r}: "
                               "give each node its own --node_rank")
-        self._wait_for_nodes("joined", "waiting for nodes", join=True)
+        self._wait_for_nodes("joined", "waiting for nodes")
 
     def _join_c10d(self) -> None:
         from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -290,26 +329,28 @@ class StoreRendezvous:
             ticker.set()
         self._node_rank, self._nnodes = info.rank, info.world_size
 
-    def _wait_for_nodes(self, group: str, what: str, join: bool = False) -> None:
-        """Wait until every node has set ``<group>/<node>``; a join timeout names the missing ranks."""
-        keys = [self._key(*group.split("/"), rank) for rank in range(self._nnodes)]
+    def _wait_for_nodes(self, group: str, what: str) -> None:
+        """Wait until every node has set ``<group>/<node>``; a timeout names the missing node ranks."""
+        self._wait_for_keys([self._key(*group.split("/"), rank) for rank in range(self._nnodes)], what)
+
+    def _wait_for_keys(self, keys: list[str], what: str) -> None:
         started = time.monotonic()
-        timeout = self._join_timeout
         while True:
-            present = [rank for rank, key in enumerate(keys) if self._store.check([key])]
-            if len(present) == self._nnodes:
+            present = [index for index, key in enumerate(keys) if self._store.check([key])]
+            if len(present) == len(keys):
                 self._status.clear()
                 return
             elapsed = time.monotonic() - started
-            missing = [rank for rank in range(self._nnodes) if rank not in present]
-            if elapsed >= timeout:
+            if elapsed >= self._join_timeout:
                 self._status.clear()
-                raise LaunchError(f"{len(present)} of {self._nnodes} nodes joined in {timeout:.0f} s; missing "
-                                  f"node ranks: {', '.join(map(str, missing))}")
+                missing = ", ".join(str(index) for index in range(len(keys)) if index not in present)
+                raise LaunchError(f"{len(present)} of {len(keys)} nodes joined in {self._join_timeout:.0f} s; "
+                                  f"missing node ranks: {missing}" if len(keys) == self._nnodes else
+                                  f"timed out after {self._join_timeout:.0f} s {what}")
             if self._lost:
                 raise LaunchError(self._lost)
-            self._status.update(f"{what}: {len(present)}/{self._nnodes} joined ({elapsed:.0f} s)")
-            time.sleep(0.1 if join else 0.05)
+            self._status.update(f"{what}: {len(present)}/{len(keys)} ({elapsed:.0f} s)")
+            time.sleep(0.05)
 
     def _read_all(self, group: str) -> dict[int, int]:
         self._wait_for_nodes(group, "exchanging worker counts")
@@ -323,21 +364,24 @@ class StoreRendezvous:
             self._stop = stop
 
     def publish_failure(self, failure: FailureRecord) -> None:
-        self._store.compare_set(self._key(f"attempt_{self._attempt}", "failure"), "", json.dumps(asdict(failure)))
+        with contextlib.suppress(RuntimeError):  # the store's host is gone: the watcher reports that
+            self._store.compare_set(self._key(f"attempt_{self._attempt}", "failure"), "", json.dumps(asdict(failure)))
 
     def first_failure(self) -> Optional[FailureRecord]:
         key = self._key(f"attempt_{self._attempt}", "failure")
-        if not self._store.check([key]):
-            return None
-        return FailureRecord(**json.loads(self._store.get(key)))
+        with contextlib.suppress(RuntimeError):
+            if self._store.check([key]):
+                return FailureRecord(**json.loads(self._store.get(key)))
+        return None
 
     def finish_attempt(self, succeeded: bool) -> bool:
         """Report this node done and wait for the others; the attempt succeeded only if all did."""
         with self._lock:
             self._stop = None
         attempt = f"attempt_{self._attempt}"
-        self._store.set(self._key(attempt, "done", self._node_rank), "1" if succeeded else "0")
-        self._wait_for_nodes(f"{attempt}/done", "waiting for the other nodes to finish")
+        with self._store_errors():
+            self._store.set(self._key(attempt, "done", self._node_rank), "1" if succeeded else "0")
+            self._wait_for_nodes(f"{attempt}/done", "waiting for the other nodes to finish")
         return succeeded and self.first_failure() is None and self._lost is None
 
     def close(self) -> None:
@@ -345,7 +389,7 @@ class StoreRendezvous:
             return
         try:
             self._store.set(self._key("left", self._node_rank), "1")
-            if self._server is not None:
+            if self._serving:
                 # The host keeps the store up until every node has read the outcome.
                 deadline = time.monotonic() + self._close_timeout
                 keys = [self._key("left", rank) for rank in range(self._nnodes)]
@@ -356,8 +400,7 @@ class StoreRendezvous:
         except RuntimeError:
             pass
         self._closed.set()
-        if self._server is not None:
-            self._server.close()
+        self._store = self._worker_store = None
 
     # -- watching the other nodes -------------------------------------------------------------
 
