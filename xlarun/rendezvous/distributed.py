@@ -156,6 +156,8 @@ class StoreRendezvous:
         self._status = StatusLine()
         self._watcher: Optional[threading.Thread] = None
         self._worker_store: Any = None
+        self._refusals_seen = 0
+        self._assigned = False
 
     # -- keys ---------------------------------------------------------------------------------
 
@@ -190,6 +192,7 @@ class StoreRendezvous:
         self._store.set(self._key(f"attempt_{attempt}", "nproc", self._node_rank), str(nproc_per_node))
         sizes = self._read_all(f"attempt_{attempt}/nproc")
         offset = sum(sizes[rank] for rank in range(self._node_rank))
+        self._assigned = True
         return NodeAssignment(run_id=self._run_id, node_rank=self._node_rank, nnodes=self._nnodes,
                               local_world_size=nproc_per_node, rank_offset=offset, world_size=sum(sizes.values()),
                               master_addr=self._store_host, master_port=self._worker_store_port(attempt),
@@ -268,8 +271,8 @@ class StoreRendezvous:
                       f"{theirs.get('run_id')!r}, not {self._run_id!r}")
         else:
             reason = f"this node's rendezvous token does not match the job's at {self._store_host}:{self._store_port}"
+        self._store.set("xlarun/refused/last", f"{socket.gethostname()} (pid {os.getpid()}): {reason}")
         self._store.add("xlarun/refused", 1)
-        self._store.set(f"xlarun/refused/{socket.gethostname()}/{os.getpid()}", reason)
         raise LaunchError(f"refused: {reason} (check --rdzv_id and --rdzv_conf token / XLARUN_RDZV_TOKEN)")
 
     def _join_static(self) -> None:
@@ -349,6 +352,8 @@ class StoreRendezvous:
                                   f"timed out after {self._join_timeout:.0f} s {what}")
             if self._lost:
                 raise LaunchError(self._lost)
+            if self._watcher is None:
+                self._report_refusals(self._store)
             self._status.update(f"{what}: {len(present)}/{len(keys)} ({elapsed:.0f} s)")
             time.sleep(0.05)
 
@@ -389,7 +394,7 @@ class StoreRendezvous:
             return
         try:
             self._store.set(self._key("left", self._node_rank), "1")
-            if self._serving:
+            if self._serving and self._assigned:
                 # The host keeps the store up until every node has read the outcome.
                 deadline = time.monotonic() + self._close_timeout
                 keys = [self._key("left", rank) for rank in range(self._nnodes)]
@@ -421,7 +426,17 @@ class StoreRendezvous:
                 self._request_stop(problem)
                 return
 
+    def _report_refusals(self, store: Any) -> None:
+        """The job's side of a refusal: one line per stray agent turned away."""
+        count = int(store.add("xlarun/refused", 0))
+        if count > self._refusals_seen:
+            self._refusals_seen = count
+            self._status.clear()
+            sys.stderr.write(f"xlarun: refused an agent of another job: {store.get('xlarun/refused/last').decode()}\n")
+            sys.stderr.flush()
+
     def _check_nodes(self, store: Any) -> Optional[str]:
+        self._report_refusals(store)
         store.add(self._key("heartbeat", self._node_rank), 1)
         now = time.monotonic()
         for rank in range(self._nnodes):
