@@ -23,7 +23,6 @@ import functools
 import json
 import os
 import time
-import traceback
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, TypeVar
 
@@ -44,6 +43,8 @@ def record(fn: F) -> F:
                 return None
             raise
         except Exception as error:
+            import traceback  # only on the failure path: the launcher imports this module too
+
             write_error_file(error, traceback.format_exc())
             raise
 

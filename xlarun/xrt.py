@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import socket
-from importlib import metadata
 from typing import TYPE_CHECKING, MutableMapping, Sequence
 
 if TYPE_CHECKING:
@@ -89,11 +88,10 @@ def torch_xla_has_xrt() -> bool:
 
     Reads package metadata only, so neither torch nor torch_xla is imported.
     """
-    try:
-        version = metadata.version("torch_xla")
-    except metadata.PackageNotFoundError:
-        return False
-    return _major_minor(version) < (2, 1)
+    from xlarun.packages import FIRST_WITHOUT_XRT, installed_version, major_minor
+
+    version = installed_version("torch_xla")
+    return version is not None and major_minor(version) < FIRST_WITHOUT_XRT
 
 
 def needs_xrt_lists(environ: MutableMapping[str, str]) -> bool:
@@ -180,8 +178,3 @@ def _address_key(rank: int) -> str:
 
 def _bracket_ipv6(host: str) -> str:
     return f"[{host}]" if ":" in host and not host.startswith("[") else host
-
-
-def _major_minor(version: str) -> tuple[int, int]:
-    major, minor = version.split(".")[:2]
-    return int(major), int("".join(ch for ch in minor if ch.isdigit()) or "0")
