@@ -10,7 +10,8 @@ from conftest import PYTHON, run_xlarun, worker
 
 # Later issues may add keys; these are the ones issue 2 fixes, with their types.
 PLAN_KEYS = {"run_id": str, "device": str, "runtime": str, "node_rank": int, "nnodes": list,
-             "nproc_per_node": int, "world_size": int, "master_addr": str, "master_port": int, "workers": list}
+             "nproc_per_node": int, "world_size": int, "master_addr": str, "master_port": int, "env_bytes": int,
+             "workers": list}
 WORKER_KEYS = {"local_rank": int, "rank": int, "argv": list, "env": dict}
 
 

@@ -40,7 +40,21 @@ def worker_variables(config: LaunchConfig, node: NodeAssignment, local_rank: int
 
 def dry_run_document(config: LaunchConfig, node: NodeAssignment, device: DevicePlan,
                      environ: Mapping[str, str], error_file_for: Callable[[int], str]) -> dict:
-    """The ``--dry-run`` JSON: the whole plan for this node, nothing started."""
+    """The ``--dry-run`` JSON: the whole plan for this node, nothing started.
+
+    ``env_bytes`` is the size of the largest worker's added environment (``KEY=value``
+    strings with their terminators, as ``exec`` counts them): it stays the same at any
+    world size but for the digits of ranks and sizes.
+    """
+    workers = [
+        {
+            "local_rank": local_rank,
+            "rank": node.global_rank(local_rank),
+            "argv": config.command.argv(local_rank),
+            "env": worker_variables(config, node, local_rank, device, environ, error_file_for(local_rank)),
+        }
+        for local_rank in range(node.local_world_size)
+    ]
     return {
         "run_id": node.run_id,
         "device": device.device,
@@ -51,13 +65,10 @@ def dry_run_document(config: LaunchConfig, node: NodeAssignment, device: DeviceP
         "world_size": node.world_size,
         "master_addr": node.master_addr,
         "master_port": node.master_port,
-        "workers": [
-            {
-                "local_rank": local_rank,
-                "rank": node.global_rank(local_rank),
-                "argv": config.command.argv(local_rank),
-                "env": worker_variables(config, node, local_rank, device, environ, error_file_for(local_rank)),
-            }
-            for local_rank in range(node.local_world_size)
-        ],
+        "env_bytes": max(environment_bytes(worker["env"]) for worker in workers),
+        "workers": workers,
     }
+
+
+def environment_bytes(variables: Mapping[str, str]) -> int:
+    return sum(len(key.encode()) + len(value.encode()) + 2 for key, value in variables.items())
