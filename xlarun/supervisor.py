@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Iterable, Optional
 
-from xlarun.logs import StreamRelay, WorkerLogPlan, read_tail
+from xlarun.logs import StreamPlan, StreamRelay, WorkerLogPlan, read_tail
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 RELAYED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -296,7 +296,8 @@ class WorkerGroup:
         self._waiting.add(pidfd)
         self._selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_worker_exit(pidfd, pid))
 
-    def _stream_target(self, plan):  # type: ignore[no-untyped-def]
+    def _stream_target(self, plan: StreamPlan) -> tuple[Optional[int], Optional[StreamRelay]]:
+        """What Popen gets for one stream (a pipe, a file descriptor, /dev/null or the console)."""
         if plan.relay:
             return subprocess.PIPE, StreamRelay(plan)
         if plan.file is not None:
@@ -305,7 +306,7 @@ class WorkerGroup:
             return subprocess.DEVNULL, None
         return None, None
 
-    def _reader(self, pipe, relay: StreamRelay) -> Callable[[], None]:  # type: ignore[no-untyped-def]
+    def _reader(self, pipe: IO[bytes], relay: StreamRelay) -> Callable[[], None]:
         fd = pipe.fileno()
 
         def read() -> None:
