@@ -24,7 +24,8 @@ from xlarun.plan import DevicePlan, worker_variables
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import Rendezvous
 from xlarun.report import FailureRecord, RunSummary, failure_as_dict, format_report, signal_name
-from xlarun.supervisor import STOP_SIGNALS, GroupOutcome, OrphanGuard, SignalInbox, WorkerGroup, WorkerSpec
+from xlarun.supervisor import (STOP_SIGNALS, GroupOutcome, OrphanGuard, SignalInbox, WorkerGroup, WorkerResult,
+                               WorkerSpec)
 
 T = TypeVar("T")
 
@@ -69,8 +70,7 @@ class Agent:
                 self._run_dir = make_run_log_dir(self.config.log_dir, node.run_id)
             self.summary.restarts = attempt
             group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.kill_timeout, guard=guard,
-                                on_failure=lambda result, n=node: self.rendezvous.publish_failure(
-                                    FailureRecord.from_result(result, n.node_rank, n.nnodes)))
+                                on_failure=self._publisher(node))
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
             self.summary.add_attempt(attempt, outcome.results)
@@ -89,6 +89,13 @@ class Agent:
                 continue
             return self._fail(failures, outcome)
         return 1
+
+    def _publisher(self, node: NodeAssignment) -> Callable[[WorkerResult], None]:
+        """Tells the other nodes (if any) about a local failure the moment it is seen."""
+        def publish(result: WorkerResult) -> None:
+            self.rendezvous.publish_failure(FailureRecord.from_result(result, node.node_rank, node.nnodes))
+
+        return publish
 
     def _specs(self, node: NodeAssignment, attempt: int) -> list[WorkerSpec]:
         specs = []

@@ -46,15 +46,11 @@ def dry_run_document(config: LaunchConfig, node: NodeAssignment, device: DeviceP
     strings with their terminators, as ``exec`` counts them): it stays the same at any
     world size but for the digits of ranks and sizes.
     """
-    workers = [
-        {
-            "local_rank": local_rank,
-            "rank": node.global_rank(local_rank),
-            "argv": config.command.argv(local_rank),
-            "env": worker_variables(config, node, local_rank, device, environ, error_file_for(local_rank)),
-        }
-        for local_rank in range(node.local_world_size)
-    ]
+    envs = [worker_variables(config, node, local_rank, device, environ, error_file_for(local_rank))
+            for local_rank in range(node.local_world_size)]
+    workers = [{"local_rank": local_rank, "rank": node.global_rank(local_rank),
+                "argv": config.command.argv(local_rank), "env": env}
+               for local_rank, env in enumerate(envs)]
     return {
         "run_id": node.run_id,
         "device": device.device,
@@ -65,7 +61,7 @@ def dry_run_document(config: LaunchConfig, node: NodeAssignment, device: DeviceP
         "world_size": node.world_size,
         "master_addr": node.master_addr,
         "master_port": node.master_port,
-        "env_bytes": max(environment_bytes(worker["env"]) for worker in workers),
+        "env_bytes": max(environment_bytes(env) for env in envs),
         "workers": workers,
     }
 

@@ -107,7 +107,7 @@ class SignalInbox:
         os.close(self._write_fd)
 
     def drain(self) -> list[int]:
-        received = []
+        received: list[int] = []
         while True:
             try:
                 data = os.read(self.fd, 512)

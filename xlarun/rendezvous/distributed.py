@@ -327,7 +327,8 @@ class StoreRendezvous:
                               f"{host}:{port} (run id {self._run_id!r}): start the missing nodes with the "
                               "same --rdzv_endpoint and --rdzv_id") from None
         except RendezvousError as error:
-            raise LaunchError(f"rendezvous at {host}:{port} failed: {first_line(error) or type(error).__name__}") from None
+            detail = first_line(error) or type(error).__name__
+            raise LaunchError(f"rendezvous at {host}:{port} failed: {detail}") from None
         finally:
             ticker.set()
         self._node_rank, self._nnodes = info.rank, info.world_size
