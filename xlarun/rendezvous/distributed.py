@@ -155,7 +155,7 @@ class StoreRendezvous:
         self._lost: Optional[str] = None
         self._status = StatusLine()
         self._watcher: Optional[threading.Thread] = None
-        self._worker_store: Any = None
+        self._worker_store_server: Any = None
         self._refusals_seen = 0
         self._assigned = False
 
@@ -192,27 +192,44 @@ class StoreRendezvous:
         self._store.set(self._key(f"attempt_{attempt}", "nproc", self._node_rank), str(nproc_per_node))
         sizes = self._read_all(f"attempt_{attempt}/nproc")
         offset = sum(sizes[rank] for rank in range(self._node_rank))
+        master_addr, master_port = self._worker_store(attempt)
         self._assigned = True
         return NodeAssignment(run_id=self._run_id, node_rank=self._node_rank, nnodes=self._nnodes,
                               local_world_size=nproc_per_node, rank_offset=offset, world_size=sum(sizes.values()),
-                              master_addr=self._store_host, master_port=self._worker_store_port(attempt),
+                              master_addr=master_addr, master_port=master_port,
                               restart_count=attempt, agent_store=True)
 
-    def _worker_store_port(self, attempt: int) -> int:
-        """The store the workers use: the job's own on the first attempt, a fresh one on each restart.
+    def _worker_store(self, attempt: int) -> tuple[str, int]:
+        """Where the workers' store is (MASTER_ADDR, MASTER_PORT) for ``attempt``.
 
-        torch's ``env://`` reuses an agent store without a per-attempt prefix, so keys a
-        failed attempt left behind would mislead the next one; a new store has none.
+        Static: the job's store at ``--master_addr:--master_port`` on the first attempt, as
+        torchrun. c10d: a store served by the agent of node rank 0, at its own address, as
+        torchrun, so MASTER_ADDR (and the XLA coordinator derived from it) is where global
+        rank 0 runs. Every restart gets a fresh store: torch's ``env://`` reuses an agent
+        store without a per-attempt prefix, so keys a failed attempt left would mislead the
+        next one.
         """
-        if attempt == 0:
-            return self._store_port
-        key = self._key(f"attempt_{attempt}", "worker_store_port")
-        if self._serving:
+        static = self._config.rdzv_backend == "static"
+        if static and attempt == 0:
+            return self._store_host, self._store_port
+        key = self._key(f"attempt_{attempt}", "worker_store")
+        if self._node_rank == 0:
+            host = self._store_host if static else self._own_address()
             # Replacing the previous attempt's store stops its server.
-            self._worker_store, port = serve_store(self._store_host, 0, self._join_timeout)
-            self._store.set(key, str(port))
+            self._worker_store_server, port = serve_store(host, 0, self._join_timeout)
+            self._store.set(key, f"{port} {host}")
         self._wait_for_keys([key], "waiting for the worker store")
-        return int(self._store.get(key))
+        port, host = self._store.get(key).decode().split(" ", 1)
+        return host, int(port)
+
+    def _own_address(self) -> str:
+        """This node's address as the other nodes reach it: ``--local_addr``, else the one routing to the store."""
+        if self._config.local_addr:
+            return self._config.local_addr
+        family = socket.getaddrinfo(self._store_host, self._store_port, type=socket.SOCK_DGRAM)[0][0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((self._store_host, self._store_port))
+            return probe.getsockname()[0]
 
     def _join(self) -> None:
         if self._config.rdzv_backend == "static":
@@ -406,7 +423,7 @@ class StoreRendezvous:
         except RuntimeError:
             pass
         self._closed.set()
-        self._store = self._worker_store = None
+        self._store = self._worker_store_server = None
 
     # -- watching the other nodes -------------------------------------------------------------
 
