@@ -136,12 +136,13 @@ def apply_user_precedence(planned: dict[str, str],
     """Let the user's own settings win: drop from ``planned`` every variable ``environ`` has.
 
     Returns the remaining variables and the notices to print: none, or one line
-    naming the kept variables. The planned names are the same for every local rank
+    naming the kept variables, without the ``xlarun:`` prefix the launcher's
+    console lines all get. The planned names are the same for every local rank
     of a job, so the notice is too; print it once.
     """
     kept = [name for name in planned if name in environ]
     remaining = {name: value for name, value in planned.items() if name not in environ}
     if not kept:
         return remaining, []
-    return remaining, [f"xlarun: keeping your own {', '.join(kept)} from the environment "
+    return remaining, [f"keeping your own {', '.join(kept)} from the environment "
                        "instead of the values xlarun would set"]
