@@ -45,7 +45,9 @@ _PJRT_DEVICE_ENV: Mapping[str, _DeviceEnv] = {
 def coordinator_port(master_port: int, override: int | None = None) -> int:
     """The port of the job's XLA coordinator (Neuron root, XLA:GPU coordinator, XRT mesh).
 
-    ``override`` (``--coordinator-port``) when given. Otherwise MASTER_PORT moved half
+    ``override`` (``--coordinator-port``) when given; it only has to differ from
+    ``master_port``, which may then be one the launcher has not picked yet (0, as a
+    standalone dry run plans it). Otherwise MASTER_PORT moved half
     the unprivileged range (1024-65535) along it, wrapping around:
     ``1024 + (MASTER_PORT - 1024 + 32256) mod 64512``. Every node computes the same
     port from the same MASTER_PORT without talking; it is never MASTER_PORT itself;
@@ -53,13 +55,13 @@ def coordinator_port(master_port: int, override: int | None = None) -> int:
     coordinator ports far away (61756, 61757, ...) instead of each other's master port,
     as a ``MASTER_PORT + 1`` rule would give.
     """
+    if override is not None:
+        if override == master_port:
+            raise UsageError(f"--coordinator-port {override} is the master port: choose another port")
+        return override
     if not 1 <= master_port <= UNPRIVILEGED_PORTS[1]:
         raise UsageError(f"master port {master_port} is not a TCP port: use 1-65535")
-    if override is None:
-        return UNPRIVILEGED_PORTS[0] + (master_port - UNPRIVILEGED_PORTS[0] + COORDINATOR_PORT_SHIFT) % _PORT_RANGE_SIZE
-    if override == master_port:
-        raise UsageError(f"--coordinator-port {override} is the master port: choose another port")
-    return override
+    return UNPRIVILEGED_PORTS[0] + (master_port - UNPRIVILEGED_PORTS[0] + COORDINATOR_PORT_SHIFT) % _PORT_RANGE_SIZE
 
 
 def host_port(host: str, port: int) -> str:
@@ -115,10 +117,15 @@ def xla_env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[
 
     torchrun's own variables are not included; the launcher adds them. Raises
     :class:`UsageError` for a plan the device cannot run (e.g. SPMD with several
-    processes per node).
+    processes per node) and for a ``--coordinator-port`` equal to the master port.
     """
     if not 0 <= local_rank < node.local_world_size:
         raise ValueError(f"local rank {local_rank} is outside 0..{node.local_world_size - 1}")
+    if options.coordinator_port is not None:
+        # An override equal to MASTER_PORT is refused on every device, also on those
+        # that have no coordinator (cpu, xpu, tpu): the same flags must not be accepted
+        # on one device and refused on another.
+        options.coordinator_port_for(node)
     if options.spmd and node.local_world_size != 1:
         raise UsageError(f"--spmd runs one process per node that sees every local device, "
                          f"not --nproc-per-node {node.local_world_size}")
