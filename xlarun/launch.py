@@ -17,6 +17,7 @@ from xlarun.agent import Agent, say
 from xlarun.config import LaunchConfig, build_config, resolve_nproc
 from xlarun.exceptions import UsageError
 from xlarun.plan import DevicePlan, dry_run_document
+from xlarun.ranks import NodeAssignment
 from xlarun.ports import ensure_master_port_free, free_port
 from xlarun.rendezvous import FixedRendezvous, Rendezvous
 from xlarun.workerenv import omp_threads_default
@@ -38,10 +39,14 @@ def launch_from_command_line(given: Mapping[str, Optional[str]], script: Optiona
                           dry_run=own["dry_run"] is not None)
     device = plan_device(own, config, environ)
     nproc = local_worker_count(config, device, environ)
+    check_device_plan(config, device, nproc)
     rendezvous = choose_rendezvous(config, environ)
     if config.dry_run:
         return print_plan(config, device, rendezvous, nproc, environ)
     check_command(config)
+    if device.explicit and device.device == "cpu" and nproc > 1:
+        say(f"warning: {nproc} CPU processes: PJRT's CPU client has no cross-process collectives, so each "
+            "XLA process runs alone; use --spmd --virtual-devices N, or the gloo backend")
     if omp_threads_default(nproc, environ) is not None:
         say(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
             "workers per node); set OMP_NUM_THREADS yourself to choose another value")
@@ -141,15 +146,26 @@ def local_worker_count(config: LaunchConfig, device: DevicePlan, environ: Mappin
             count = resolve_nproc("auto")
     else:
         count = resolve_nproc(config.nproc_source)
-    if device.explicit and device.device == "cpu" and count > 1 and not config.dry_run:
-        say(f"warning: {count} CPU processes: PJRT's CPU client has no cross-process collectives, so each "
-            "XLA process runs alone; use --spmd --virtual-devices N, or the gloo backend")
     return count
+
+
+def check_device_plan(config: LaunchConfig, device: DevicePlan, nproc: int) -> None:
+    """Translate one worker now, so a plan the device cannot run fails before anything happens.
+
+    The device's rules (chips per host, SPMD, coordinator port) depend only on this node's
+    worker count and the flags, not on what a rendezvous later decides.
+    """
+    if device.variables is None:
+        return
+    nnodes = config.max_nodes
+    probe = NodeAssignment.single_node(config.rdzv_id, nproc, config.master_addr, config.master_port or 29500,
+                                       node_rank=min(config.node_rank, nnodes - 1), nnodes=nnodes)
+    device.variables(probe, nproc - 1)
 
 
 def choose_rendezvous(config: LaunchConfig, environ: Mapping[str, str]) -> Rendezvous:
     if config.standalone:
-        return FixedRendezvous(config.rdzv_id, "localhost", 0 if config.dry_run else free_port())
+        return FixedRendezvous(config.rdzv_id, "localhost", free_port())
     if config.dry_run:
         # A plan needs no other node: ranks as the flags give them.
         return FixedRendezvous(config.rdzv_id, config.master_addr, config.master_port,
