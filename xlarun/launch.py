@@ -17,8 +17,8 @@ from xlarun.agent import Agent, say
 from xlarun.config import LaunchConfig, build_config, resolve_nproc
 from xlarun.exceptions import UsageError
 from xlarun.plan import DevicePlan, dry_run_document
-from xlarun.ranks import NodeAssignment
 from xlarun.ports import ensure_master_port_free, free_port
+from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous
 from xlarun.workerenv import omp_threads_default
 
