@@ -367,6 +367,10 @@ class WorkerGroup:
 
     def _wait_for_stragglers(self, pgid: int) -> None:
         """Children a worker left behind in its group are waited for like workers."""
+        try:
+            os.killpg(pgid, 0)
+        except OSError:
+            return  # the group is empty: no need to look through /proc
         for pid in group_members(pgid):
             try:
                 pidfd = os.pidfd_open(pid)
