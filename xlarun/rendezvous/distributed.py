@@ -457,8 +457,13 @@ class StoreRendezvous:
         self._report_refusals(store)
         store.add(self._key("heartbeat", self._node_rank), 1)
         now = time.monotonic()
+        attempt = f"attempt_{self._attempt}"
         for rank in range(self._nnodes):
-            if rank == self._node_rank or store.check([self._key("left", rank)]):
+            if rank == self._node_rank:
+                continue
+            if store.check([self._key("left", rank)]):
+                if self._stop is not None and not store.check([self._key(attempt, "done", rank)]):
+                    return f"node {rank} left the job before its workers finished"
                 continue
             beat = int(store.add(self._key("heartbeat", rank), 0))
             last_beat, seen_at = self._heartbeats.get(rank, (-1, now))
