@@ -157,6 +157,7 @@ class StoreRendezvous:
         self._watcher: Optional[threading.Thread] = None
         self._worker_store_server: Any = None
         self._refusals_seen = 0
+        self._joined = False
         self._assigned = False
 
     # -- keys ---------------------------------------------------------------------------------
@@ -278,6 +279,8 @@ class StoreRendezvous:
         mine = json.dumps({"run_id": self._run_id, "token": token_digest(self._token)}, sort_keys=True)
         found = self._store.compare_set("xlarun/job", "", mine).decode()
         if found == mine:
+            # Agents turned away before this one came are not news to it.
+            self._refusals_seen = int(self._store.add("xlarun/refused", 0))
             return
         try:
             theirs = json.loads(found)
@@ -305,6 +308,7 @@ class StoreRendezvous:
         if claimed != str(os.getpid()):
             raise LaunchError(f"node rank {self._node_rank} already joined run {self._run_id!r}: "
                               "give each node its own --node_rank")
+        self._joined = True
         self._wait_for_nodes("joined", "waiting for nodes")
 
     def _join_c10d(self) -> None:
@@ -349,6 +353,7 @@ class StoreRendezvous:
         finally:
             ticker.set()
         self._node_rank, self._nnodes = info.rank, info.world_size
+        self._joined = True
 
     def _wait_for_nodes(self, group: str, what: str) -> None:
         """Wait until every node has set ``<group>/<node>``; a timeout names the missing node ranks."""
@@ -411,7 +416,9 @@ class StoreRendezvous:
         if self._store is None:
             return
         try:
-            self._store.set(self._key("left", self._node_rank), "1")
+            # An agent that never took a node rank (refused, or its rank taken) must not speak for that rank.
+            if self._joined:
+                self._store.set(self._key("left", self._node_rank), "1")
             if self._serving and self._assigned:
                 # The host keeps the store up until every node has read the outcome.
                 deadline = time.monotonic() + self._close_timeout
