@@ -17,6 +17,7 @@ Beside torch's keys, the agents keep a few of their own under ``xlarun/<run_id>/
     attempt_<n>/done/<node>      this node's workers are gone
     heartbeat/<node>             a counter each agent bumps; one that stops moving is a lost node
     left/<node>                  this node has read all it needs; the host may close the store
+    store_node                   (c10d) the node rank of the agent hosting the store
 
 The watcher thread checks those keys every ``monitor_interval`` and stops the local
 workers when another node fails or goes silent.
@@ -147,6 +148,7 @@ class StoreRendezvous:
         self._nnodes = 0
         self._store_host = ""
         self._store_port = 0
+        self._store_node: Optional[int] = None
         self._attempt = 0
         self._stop: Optional[Callable[[str], None]] = None
         self._lock = threading.Lock()
@@ -179,8 +181,13 @@ class StoreRendezvous:
         except RuntimeError as error:
             if self._store is None and not self._store_host:
                 raise
-            raise LaunchError(self._lost or f"lost the rendezvous store at {self._store_host}:{self._store_port} "
-                              f"({first_line(error)}): the node hosting it stopped") from None
+            raise LaunchError(self._lost or self._store_lost(error)) from None
+
+    def _store_lost(self, error: BaseException) -> str:
+        """One line for a store that stopped answering: the node hosting it is gone."""
+        host = "the node hosting it" if self._store_node is None else f"node {self._store_node}, which hosted it,"
+        return (f"lost the rendezvous store at {self._store_host}:{self._store_port} ({first_line(error)}): "
+                f"{host} stopped")
 
     def _assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
         if self._store is None:
@@ -304,6 +311,7 @@ class StoreRendezvous:
             raise UsageError(f"node 0 serves the store at --master_addr {host}, which is not an address of "
                              "this host: give this host's address")
         self._open_store(host, port, serve=serves, explicit_host=True)
+        self._store_node = 0
         claimed = self._store.compare_set(self._key("joined", self._node_rank), "", str(os.getpid())).decode()
         if claimed != str(os.getpid()):
             raise LaunchError(f"node rank {self._node_rank} already joined run {self._run_id!r}: "
@@ -354,6 +362,10 @@ class StoreRendezvous:
             ticker.set()
         self._node_rank, self._nnodes = info.rank, info.world_size
         self._joined = True
+        if self._serving:
+            # The other nodes learn which of them hosts the store, to name it should it vanish.
+            self._store.set(self._key("store_node"), str(self._node_rank))
+            self._store_node = self._node_rank
 
     def _wait_for_nodes(self, group: str, what: str) -> None:
         """Wait until every node has set ``<group>/<node>``; a timeout names the missing node ranks."""
@@ -444,8 +456,7 @@ class StoreRendezvous:
             try:
                 problem = self._check_nodes(store)
             except RuntimeError as error:
-                problem = (f"lost the rendezvous store at {self._store_host}:{self._store_port} "
-                           f"({first_line(error)}): its host node stopped")
+                problem = self._store_lost(error)
             if problem:
                 self._lost = problem
                 self._request_stop(problem)
@@ -463,6 +474,8 @@ class StoreRendezvous:
     def _check_nodes(self, store: Any) -> Optional[str]:
         self._report_refusals(store)
         store.add(self._key("heartbeat", self._node_rank), 1)
+        if self._store_node is None and store.check([self._key("store_node")]):
+            self._store_node = int(store.get(self._key("store_node")))
         now = time.monotonic()
         attempt = f"attempt_{self._attempt}"
         for rank in range(self._nnodes):
