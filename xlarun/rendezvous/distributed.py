@@ -131,8 +131,9 @@ class StoreRendezvous:
     """The multi-node :class:`~xlarun.rendezvous.Rendezvous` (see the module docstring)."""
 
     def __init__(self, config: LaunchConfig, environ: Mapping[str, str]):
-        # c10d logs every store hiccup with a C++ stack; the launcher reports such events in one line.
-        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+        # c10d logs every store hiccup at error level, with a C++ stack; the launcher reports such
+        # events in one line. Only this process: workers get the environment the launcher started with.
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
         import torch.distributed as dist  # noqa: F401  (the engine: imported on this path only)
 
         self._config = config
