@@ -184,10 +184,10 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
     except (UsageError, click.UsageError) as error:
         message = error.format_message() if isinstance(error, click.UsageError) else str(error)
         sys.stderr.write(f"xlarun: error: {message}\n")
-        sys.exit(2)
+        sys.exit(UsageError.exit_code)
     except LaunchError as error:
         sys.stderr.write(f"xlarun: {error}\n")
-        sys.exit(1)
+        sys.exit(error.exit_code)
     except click.exceptions.Abort:
         sys.exit(130)
     except Exception as error:

@@ -129,10 +129,6 @@ class LaunchConfig:
     summary_file: Optional[str] = None
     dry_run: bool = False
 
-    @property
-    def multi_node(self) -> bool:
-        return self.max_nodes > 1
-
 
 class RawOptions:
     """The command line's values by dest name, with ``PET_*`` fallback and source tracking."""

@@ -37,10 +37,6 @@ class StreamPlan:
     prefix: bytes = b""
     relay: bool = False
 
-    @property
-    def inherits_console(self) -> bool:
-        return self.file is None and not self.relay and self.console_fd is not None
-
 
 @dataclass(frozen=True)
 class WorkerLogPlan:
