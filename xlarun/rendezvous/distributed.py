@@ -422,8 +422,35 @@ class StoreRendezvous:
         attempt = f"attempt_{self._attempt}"
         with self._store_errors():
             self._store.set(self._key(attempt, "done", self._node_rank), "1" if succeeded else "0")
-            self._wait_for_nodes(f"{attempt}/done", "waiting for the other nodes to finish")
+            self._wait_for_others_to_finish(attempt)
         return succeeded and self.first_failure() is None and self._lost is None
+
+    def _wait_for_others_to_finish(self, attempt: str) -> None:
+        """Wait for every node's ``done``, for as long as its workers run.
+
+        No deadline: nodes may finish hours apart. A node that leaves without ``done``, or
+        goes silent (the watcher notices), ends the wait.
+        """
+        started = time.monotonic()
+        running = set(range(self._nnodes))
+        while True:
+            for rank in sorted(running):
+                # ``left`` is read first: a node sets ``done`` before ``left``, never after.
+                left = self._store.check([self._key("left", rank)])
+                if self._store.check([self._key(attempt, "done", rank)]):
+                    running.discard(rank)
+                elif left:
+                    self._status.clear()
+                    raise LaunchError(f"node {rank} left the job before its workers finished")
+            if not running:
+                self._status.clear()
+                return
+            if self._lost:
+                self._status.clear()
+                raise LaunchError(self._lost)
+            self._status.update(f"waiting for the other nodes to finish: {self._nnodes - len(running)}/"
+                                f"{self._nnodes} ({time.monotonic() - started:.0f} s)")
+            time.sleep(0.05)
 
     def close(self) -> None:
         if self._store is None:
