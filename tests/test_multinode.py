@@ -19,8 +19,8 @@ from typing import Any, Iterator, Optional, Sequence
 import psutil
 import pytest
 
-from conftest import (XLARUN, Run, clean_env, finish, is_alive, kill_all, run_xlarun, start_xlarun, wait_for,
-                      worker)
+from conftest import (XLARUN, Run, clean_env, files_exist, finish, is_alive, kill_all, run_xlarun, start_xlarun,
+                      wait_for, worker)
 
 HOST = "127.0.0.1"
 ALLREDUCE = worker("mn_allreduce.py")
@@ -270,6 +270,26 @@ def test_nodes_restart_together(nodes: Nodes, out_dir: Path, port: int) -> None:
         for number, line in enumerate(restarts):
             assert f"attempt {number} failed (rank 1 on node 1 exited with code 3)" in line, both(runs)
             assert f"(restart {number + 1} of 2)" in line
+
+
+@pytest.mark.parametrize("last_node", ["finishes", "is-stopped"])
+def test_a_node_done_first_waits_for_the_others_past_the_join_timeout(nodes: Nodes, out_dir: Path, port: int,
+                                                                        last_node: str) -> None:
+    # Node 0's worker ends at once; node 1's runs well past the join timeout, which bounds joining only.
+    command = ["--rdzv_conf", f"join_timeout=2,{HEARTBEAT}", "--no-python", "sh", "-c",
+               f"touch {out_dir}/started.$GROUP_RANK; sleep $((GROUP_RANK * 6)); touch {out_dir}/ended.$GROUP_RANK"]
+    agents = [nodes.start(*static(port, node_rank, 2, 1), *command) for node_rank in (0, 1)]
+    if last_node == "is-stopped":
+        wait_for(files_exist(out_dir / "ended.0", out_dir / "started.1"), "node 0's worker to end")
+        agents[1].send_signal(signal.SIGTERM)
+    runs = nodes.finish_all(agents)
+
+    if last_node == "finishes":
+        assert [run.returncode for run in runs] == [0, 0], both(runs)
+        assert (out_dir / "ended.1").exists()
+    else:
+        assert [run.returncode for run in runs] == [1, 143], both(runs)
+        assert lines(runs[0]) == ["xlarun: node 1 left the job before its workers finished"], both(runs)
 
 
 # ---- joining
