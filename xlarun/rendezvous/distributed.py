@@ -4,23 +4,31 @@ This module is imported only for multi-node launches: it is where torch is impor
 
 One TCPStore serves the whole job: node 0's agent hosts it for ``static``, the agent on
 the endpoint's host for ``c10d``. The store listens only on the address it was given.
-Workers use it as torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE=True``, keys
-under ``/worker/attempt_<n>``), so ``env://``, ``tcp://`` and ``xla://`` all find it.
+Workers see a store as torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE=True``,
+keys under ``/worker/attempt_<n>``), so ``env://``, ``tcp://`` and ``xla://`` all find
+it: the job's own on the first static attempt, otherwise one that node rank 0's agent
+serves for that attempt alone.
 
-Beside torch's keys, the agents keep a few of their own under ``xlarun/<run_id>/``::
+Beside torch's keys, the agents keep a few of their own: two whatever the run id::
 
-    job                          run id and token digest: a stray agent is refused
+    xlarun/job                   run id and token digest: a stray agent is refused
+    xlarun/refused               how many agents were refused; ``xlarun/refused/last`` says who
+
+and under ``xlarun/<run_id>/``::
+
     joined/<node>                static join (one key per node rank)
+    arrived                      c10d: agents that came, for the status line and the timeout's line
+    store_node                   c10d: the node rank of the agent hosting the store
     attempt_<n>/ready/<node>     every node is ready to start attempt n
     attempt_<n>/nproc/<node>     local world sizes, from which global ranks follow
+    attempt_<n>/worker_store     "<port> <host>" of the workers' store for attempt n
     attempt_<n>/failure          the first failure of the attempt (JSON), first writer wins
     attempt_<n>/done/<node>      this node's workers are gone
     heartbeat/<node>             a counter each agent bumps; one that stops moving is a lost node
     left/<node>                  this node has read all it needs; the host may close the store
-    store_node                   (c10d) the node rank of the agent hosting the store
 
-The watcher thread checks those keys every ``monitor_interval`` and stops the local
-workers when another node fails or goes silent.
+The watcher thread checks those keys every ``WATCH_INTERVAL`` seconds and stops the local
+workers when another node fails, leaves or goes silent.
 """
 
 from __future__ import annotations
