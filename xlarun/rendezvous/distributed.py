@@ -205,7 +205,8 @@ class StoreRendezvous:
             self._watcher.start()
         self._attempt = attempt
         self._store.set(self._key(f"attempt_{attempt}", "ready", self._node_rank), "1")
-        self._wait_for_nodes(f"attempt_{attempt}/ready", f"waiting for every node to start attempt {attempt}")
+        self._wait_for_nodes(f"attempt_{attempt}/ready", f"waiting for every node to start attempt {attempt}",
+                             reached=f"were ready for attempt {attempt}")
         self._store.set(self._key(f"attempt_{attempt}", "nproc", self._node_rank), str(nproc_per_node))
         sizes = self._read_all(f"attempt_{attempt}/nproc")
         offset = sum(sizes[rank] for rank in range(self._node_rank))
@@ -326,7 +327,7 @@ class StoreRendezvous:
             raise LaunchError(f"node rank {self._node_rank} already joined run {self._run_id!r}: "
                               "give each node its own --node_rank")
         self._joined = True
-        self._wait_for_nodes("joined", "waiting for nodes")
+        self._wait_for_nodes("joined", "waiting for nodes", reached="joined")
 
     def _join_c10d(self) -> None:
         from torch.distributed.elastic.rendezvous import RendezvousParameters
@@ -376,11 +377,12 @@ class StoreRendezvous:
             self._store.set(self._key("store_node"), str(self._node_rank))
             self._store_node = self._node_rank
 
-    def _wait_for_nodes(self, group: str, what: str) -> None:
+    def _wait_for_nodes(self, group: str, what: str, reached: str) -> None:
         """Wait until every node has set ``<group>/<node>``; a timeout names the missing node ranks."""
-        self._wait_for_keys([self._key(*group.split("/"), rank) for rank in range(self._nnodes)], what)
+        self._wait_for_keys([self._key(*group.split("/"), rank) for rank in range(self._nnodes)], what, reached)
 
-    def _wait_for_keys(self, keys: list[str], what: str) -> None:
+    def _wait_for_keys(self, keys: list[str], what: str, reached: Optional[str] = None) -> None:
+        """Wait for ``keys``; ``reached`` words the timeout when each key stands for a node."""
         started = time.monotonic()
         while True:
             present = [index for index, key in enumerate(keys) if self._store.check([key])]
@@ -391,8 +393,8 @@ class StoreRendezvous:
             if elapsed >= self._join_timeout:
                 self._status.clear()
                 missing = ", ".join(str(index) for index in range(len(keys)) if index not in present)
-                raise LaunchError(f"{len(present)} of {len(keys)} nodes joined in {self._join_timeout:.0f} s; "
-                                  f"missing node ranks: {missing}" if len(keys) == self._nnodes else
+                raise LaunchError(f"{len(present)} of {len(keys)} nodes {reached} in {self._join_timeout:.0f} s; "
+                                  f"missing node ranks: {missing}" if reached else
                                   f"timed out after {self._join_timeout:.0f} s {what}")
             if self._lost:
                 raise LaunchError(self._lost)
@@ -402,7 +404,7 @@ class StoreRendezvous:
             time.sleep(0.05)
 
     def _read_all(self, group: str) -> dict[int, int]:
-        self._wait_for_nodes(group, "exchanging worker counts")
+        self._wait_for_nodes(group, "exchanging worker counts", reached="sent their worker counts")
         values = self._store.multi_get([self._key(*group.split("/"), rank) for rank in range(self._nnodes)])
         return {rank: int(value) for rank, value in enumerate(values)}
 
