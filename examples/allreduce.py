@@ -6,6 +6,7 @@ Each worker prints ``rank=R world=W sum=S``; S is 0+1+...+(W-1) on every worker.
 """
 
 import os
+import sys
 
 import torch
 import torch.distributed as dist
@@ -19,8 +20,10 @@ def main() -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     value = torch.tensor([float(rank)])
     dist.all_reduce(value)
-    print(f"rank={rank} world={world} sum={int(value.item())} host={os.uname().nodename} "
-          f"local_rank={os.environ['LOCAL_RANK']}", flush=True)
+    # One write per line: workers share the console, and print() writes text and newline apart.
+    sys.stdout.write(f"rank={rank} world={world} sum={int(value.item())} host={os.uname().nodename} "
+                     f"local_rank={os.environ['LOCAL_RANK']}\n")
+    sys.stdout.flush()
     dist.destroy_process_group()
 
 

@@ -196,4 +196,15 @@ def main(argv: Optional[Sequence[str]] = None) -> None:
         sys.stderr.write(f"xlarun: internal error: {type(error).__name__}: {error} "
                          "(set XLARUN_DEBUG=1 for the traceback)\n")
         sys.exit(1)
-    sys.exit(code if isinstance(code, int) else 0)
+    finish(code if isinstance(code, int) else 0)
+
+
+def finish(code: int) -> None:
+    """Exit with ``code``. After a multi-node run torch's C++ threads (store server, rendezvous
+    keep-alive) may still run; a normal interpreter exit can abort in their destructors, so
+    the process ends at once once everything it wrote is flushed."""
+    if "torch" in sys.modules:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
