@@ -303,6 +303,18 @@ def test_join_timeout_names_the_missing_nodes(out_dir: Path, port: int) -> None:
     assert list(out_dir.iterdir()) == []
 
 
+def test_a_launcher_error_still_leaves_the_summary_file(tmp_path: Path, out_dir: Path, port: int) -> None:
+    summary = tmp_path / "summary.json"
+    run = run_xlarun(*static(port, 0, 2, 1), "--rdzv_conf", "join_timeout=2", "--summary-file", summary,
+                     ALLREDUCE, out_dir)
+
+    assert run.returncode == 1
+    record = json.loads(summary.read_text())
+    assert (record["exit_code"], record["result"]) == (1, "launcher_error")
+    assert record["error"] == "1 of 2 nodes joined in 2 s; missing node ranks: 1"
+    assert record["attempts"] == []
+
+
 def test_c10d_join_timeout_is_one_line(out_dir: Path, port: int) -> None:
     # c10d hands out node ranks only once enough nodes came, so the line says what to start instead.
     run = run_xlarun(*c10d(port, "late", 2, 1), "--rdzv_conf", "join_timeout=3", ALLREDUCE, out_dir)

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from xlarun.config import LaunchConfig
+from xlarun.exceptions import LaunchError
 from xlarun.logs import make_run_log_dir, plan_worker_logs
 from xlarun.plan import DevicePlan, worker_variables
 from xlarun.ranks import NodeAssignment
@@ -52,13 +53,24 @@ class Agent:
         try:
             with SignalInbox() as inbox:
                 code = self._attempts(inbox, guard)
+        except LaunchError as error:
+            # The run ends in one line from the CLI; CI scripts still get their record.
+            self._write_summary(LaunchError.exit_code, error=str(error))
+            raise
         finally:
             guard.release()
             self.rendezvous.close()
-        if self.summary is not None and self.config.summary_file:
-            self.summary.exit_code = code
-            self.summary.write(self.config.summary_file)
+        self._write_summary(code)
         return code
+
+    def _write_summary(self, code: int, error: Optional[str] = None) -> None:
+        if not self.config.summary_file:
+            return
+        summary = self.summary or RunSummary(run_id=self.config.rdzv_id)
+        summary.exit_code = code
+        if error is not None:
+            summary.result, summary.error = "launcher_error", error
+        summary.write(self.config.summary_file)
 
     def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> int:
         for attempt in range(self.config.max_restarts + 1):

@@ -97,6 +97,7 @@ class RunSummary:
     result: str = "succeeded"
     restarts: int = 0
     launcher_signal: Optional[str] = None
+    error: Optional[str] = None
     root_cause: Optional[dict[str, Any]] = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
