@@ -6,7 +6,7 @@ import json
 import uuid
 from pathlib import Path
 
-from conftest import PYTHON, run_xlarun, worker
+from conftest import CONTRACT_VARIABLES, PYTHON, run_xlarun, worker
 
 # Later issues may add keys; these are the ones issue 2 fixes, with their types.
 PLAN_KEYS = {"run_id": str, "device": str, "runtime": str, "node_rank": int, "nnodes": list,
@@ -53,11 +53,7 @@ def test_workers_argv_and_contract_env(tmp_path: Path) -> None:
         assert (entry["local_rank"], entry["rank"]) == (local_rank, local_rank)
         assert entry["argv"] == [PYTHON, "-u", worker("dump_env.py"), "--shard", str(local_rank)]
         env = entry["env"]
-        assert {name: env[name] for name in (
-            "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
-            "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-            "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")} == {
+        assert {name: env[name] for name in CONTRACT_VARIABLES} == {
             "LOCAL_RANK": str(local_rank), "RANK": str(local_rank), "GROUP_RANK": "0", "ROLE_RANK": str(local_rank),
             "ROLE_NAME": "trainer", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1",
             "ROLE_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29611",

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, WORKERS, free_port, run_torchrun, run_xlarun, worker
+from conftest import CONTRACT_VARIABLES, PYTHON, WORKERS, free_port, run_torchrun, run_xlarun, worker
 
 # What xlarun adds for the XLA runtime (the device layer's job), absent under torchrun.
 XLA_ADDITIONS = re.compile(r"^(PJRT_|XLA_|XRT_|TPU_|NEURON_|CPU_NUM_DEVICES$|XLARUN_)")
@@ -120,11 +120,7 @@ def test_contract_values_of_a_plain_two_worker_launch(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         env = json.loads((dump_dir / f"{rank}_0.json").read_text())["env"]
-        assert {key: env[key] for key in (
-            "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
-            "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-            "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-            "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")} == {
+        assert {key: env[key] for key in CONTRACT_VARIABLES} == {
             "LOCAL_RANK": str(rank), "RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
             "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1",
             "ROLE_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
