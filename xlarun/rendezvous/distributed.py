@@ -294,7 +294,14 @@ class StoreRendezvous:
     def _check_job(self) -> None:
         """Refuse to mix with an agent of another job (run id) or one without the job's token."""
         mine = json.dumps({"run_id": self._run_id, "token": token_digest(self._token)}, sort_keys=True)
-        found = self._store.compare_set("xlarun/job", "", mine).decode()
+        if self._serving:
+            # Only the agent serving the store names its job, so a stray agent that reaches the
+            # store first cannot claim it.
+            self._store.set("xlarun/job", mine)
+            found = mine
+        else:
+            self._wait_for_keys(["xlarun/job"], "waiting for the store's host to name its job")
+            found = self._store.get("xlarun/job").decode()
         if found == mine:
             # Agents turned away before this one came are not news to it.
             self._refusals_seen = int(self._store.add("xlarun/refused", 0))
