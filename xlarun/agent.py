@@ -47,6 +47,7 @@ class Agent:
         self.nproc_per_node = nproc_per_node
         self.summary: Optional[RunSummary] = None
         self._run_dir = ""
+        self._records: dict[int, FailureRecord] = {}
 
     def run(self) -> int:
         guard = OrphanGuard().start()
@@ -103,9 +104,11 @@ class Agent:
         return 1
 
     def _publisher(self, node: NodeAssignment) -> Callable[[WorkerResult], None]:
-        """Tells the other nodes (if any) about a local failure the moment it is seen."""
+        """Records a local failure the moment it is seen and tells the other nodes (if any)."""
         def publish(result: WorkerResult) -> None:
-            self.rendezvous.publish_failure(FailureRecord.from_result(result, node.node_rank, node.nnodes))
+            record = FailureRecord.from_result(result, node.node_rank, node.nnodes)
+            self._records[result.pid] = record
+            self.rendezvous.publish_failure(record)
 
         return publish
 
@@ -120,7 +123,7 @@ class Agent:
         return specs
 
     def _failures(self, outcome: GroupOutcome, node: NodeAssignment) -> list[FailureRecord]:
-        local = [FailureRecord.from_result(result, node.node_rank, node.nnodes) for result in outcome.failures]
+        local = [self._records[result.pid] for result in outcome.failures]
         first = self.rendezvous.first_failure()
         # Another node's failure came first: it is the root cause here too.
         if first is not None and first.node_rank != node.node_rank:

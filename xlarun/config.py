@@ -154,9 +154,7 @@ class RawOptions:
     def flag(self, dest: str) -> bool:
         """A boolean flag: given on the command line, or ``PET_<DEST>`` a non-zero integer."""
         value, source = self.get(dest)
-        if value is None or value is True:
-            return bool(value)
-        if value is False:
+        if value is None:
             return False
         try:
             return int(value) != 0

@@ -191,8 +191,7 @@ def check_command(config: LaunchConfig) -> None:
 def print_plan(config: LaunchConfig, device: DevicePlan, rendezvous: Rendezvous, nproc: int,
                environ: Mapping[str, str]) -> int:
     node = rendezvous.assign(0, nproc)
-    base = config.log_dir or os.path.join("<log_dir>")
-    run_dir = os.path.join(base, f"{node.run_id}_<random>")
+    run_dir = os.path.join(config.log_dir or "<log_dir>", f"{node.run_id}_<random>")
     document = dry_run_document(config, node, device, environ,
                                 lambda local_rank: os.path.join(run_dir, "attempt_0", str(local_rank), "error.json"))
     json.dump(document, sys.stdout, indent=2)

@@ -228,7 +228,7 @@ class WorkerGroup:
         self._results: dict[int, WorkerResult] = {}
         self._relays: list[StreamRelay] = []
         self._stderr_relays: dict[int, StreamRelay] = {}
-        self._pipes: dict[int, list[tuple[IO[bytes], Callable[[], None]]]] = {}
+        self._pipes: dict[int, list[tuple[IO[bytes], Callable[[], bool]]]] = {}
         self._pgids: list[int] = []
         self._waiting: set[int] = set()
         self._failures: list[WorkerResult] = []
@@ -253,9 +253,7 @@ class WorkerGroup:
             self._loop()
         finally:
             self._close()
-        ordered = [self._results[pid] for pid in sorted(self._results, key=lambda p: self._results[p].local_rank)]
-        for result in ordered:
-            result.stderr_tail = self._stderr_tail(result)
+        ordered = sorted(self._results.values(), key=lambda result: result.local_rank)
         return GroupOutcome(results=ordered, failures=self._failures,
                             launcher_signal=self._launcher_signal, stop_reason=self._stop_reason)
 
@@ -306,20 +304,22 @@ class WorkerGroup:
             return subprocess.DEVNULL, None
         return None, None
 
-    def _reader(self, pipe: IO[bytes], relay: StreamRelay) -> Callable[[], None]:
+    def _reader(self, pipe: IO[bytes], relay: StreamRelay) -> Callable[[], bool]:
         fd = pipe.fileno()
 
-        def read() -> None:
+        def read() -> bool:
+            """Copy what the pipe holds now; False once it is empty for the moment or closed."""
             try:
                 data = os.read(fd, READ_CHUNK)
             except BlockingIOError:
-                return
+                return False
             if data:
                 relay.feed(data)
-            else:
-                self._selector.unregister(pipe)
-                pipe.close()
-                relay.close()
+                return True
+            self._selector.unregister(pipe)
+            pipe.close()
+            relay.close()
+            return False
 
         return read
 
@@ -341,16 +341,18 @@ class WorkerGroup:
         result = self._results[pid]
         result.returncode = os.waitstatus_to_exitcode(status)
         result.ended_at = time.time()
-        if result.returncode != 0 and self._stop_signal is None:
+        failed = result.returncode != 0 and self._stop_signal is None
+        if failed:
             self._drain_pipes(self._pipes.get(pid, []))
             result.stderr_tail = self._stderr_tail(result)
             self._failures.append(result)
-            if self._on_failure is not None:
-                self._on_failure(result)
         if self._stop_signal is None and (self._failures or not self._live_workers()):
             self._begin_stop(signal.SIGTERM)
         elif self._stop_signal is not None:
             self._wait_for_stragglers(pid)
+        # The peers are told to stop first; reporting the failure (error file, host name) can wait.
+        if failed and self._on_failure is not None:
+            self._on_failure(result)
 
     def _live_workers(self) -> bool:
         return any(result.returncode is None for result in self._results.values())
@@ -411,10 +413,10 @@ class WorkerGroup:
         for pipes in self._pipes.values():
             self._drain_pipes(pipes)
 
-    def _drain_pipes(self, pipes: list[tuple[IO[bytes], Callable[[], None]]]) -> None:
+    def _drain_pipes(self, pipes: list[tuple[IO[bytes], Callable[[], bool]]]) -> None:
         for pipe, read in pipes:
-            while not pipe.closed and _readable_now(pipe.fileno()):
-                read()
+            while not pipe.closed and read():
+                pass
 
     def _close(self) -> None:
         for key in list(self._selector.get_map().values()):
@@ -434,12 +436,3 @@ class WorkerGroup:
             return [line.decode(errors="replace") for line in relay.tail]
         spec = next(s for s in self._specs if s.local_rank == result.local_rank)
         return read_tail(spec.logs.stderr.file)
-
-
-def _readable_now(fd: int) -> bool:
-    poller = selectors.DefaultSelector()
-    try:
-        poller.register(fd, selectors.EVENT_READ)
-        return bool(poller.select(0))
-    finally:
-        poller.close()

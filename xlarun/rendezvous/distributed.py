@@ -34,6 +34,7 @@ workers when another node fails, leaves or goes silent.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import datetime
 import hashlib
 import json
@@ -42,11 +43,11 @@ import socket
 import sys
 import threading
 import time
-from dataclasses import asdict
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from xlarun.config import DEFAULT_C10D_PORT, LaunchConfig, split_endpoint
 from xlarun.exceptions import LaunchError, UsageError
+from xlarun.ports import is_local_address
 from xlarun.ranks import NodeAssignment
 from xlarun.report import FailureRecord
 
@@ -107,12 +108,6 @@ def serve_store(host: str, port: int, timeout: float) -> tuple[Any, int]:
                      multi_tenant=True, master_listen_fd=server.fileno())
     server.detach()
     return store, bound_port
-
-
-def is_local_host(host: str) -> bool:
-    from xlarun.ports import is_local_address
-
-    return is_local_address(host)
 
 
 class StatusLine:
@@ -324,7 +319,7 @@ class StoreRendezvous:
         self._node_rank, self._nnodes = config.node_rank, config.max_nodes
         host, port = config.master_addr, config.master_port
         serves = self._node_rank == 0
-        if serves and not is_local_host(host):
+        if serves and not is_local_address(host):
             raise UsageError(f"node 0 serves the store at --master_addr {host}, which is not an address of "
                              "this host: give this host's address")
         self._open_store(host, port, serve=serves, explicit_host=True)
@@ -346,7 +341,7 @@ class StoreRendezvous:
         host, port = split_endpoint(config.rdzv_endpoint or f"{config.master_addr}:{DEFAULT_C10D_PORT}",
                                     DEFAULT_C10D_PORT)
         explicit = conf_flag(config.rdzv_conf, "is_host")
-        serve = explicit if explicit is not None else is_local_host(host)
+        serve = explicit if explicit is not None else is_local_address(host)
         self._open_store(host, port, serve=serve, explicit_host=bool(explicit))
         params = RendezvousParameters(backend="c10d", endpoint=f"{host}:{port}", run_id=self._run_id,
                                       min_nodes=config.min_nodes, max_nodes=config.max_nodes,
@@ -423,7 +418,8 @@ class StoreRendezvous:
 
     def publish_failure(self, failure: FailureRecord) -> None:
         with contextlib.suppress(RuntimeError):  # the store's host is gone: the watcher reports that
-            self._store.compare_set(self._key(f"attempt_{self._attempt}", "failure"), "", json.dumps(asdict(failure)))
+            self._store.compare_set(self._key(f"attempt_{self._attempt}", "failure"), "",
+                                    json.dumps(dataclasses.asdict(failure)))
 
     def first_failure(self) -> Optional[FailureRecord]:
         key = self._key(f"attempt_{self._attempt}", "failure")
@@ -559,11 +555,5 @@ def connect(config: LaunchConfig, environ: Mapping[str, str]) -> StoreRendezvous
     """The rendezvous for a multi-node launch; nothing is contacted until the first attempt."""
     if config.rdzv_backend == "static" and config.rdzv_endpoint:
         host, port = split_endpoint(config.rdzv_endpoint, config.master_port)
-        config = _with_master(config, host, port)
+        config = dataclasses.replace(config, master_addr=host, master_port=port)
     return StoreRendezvous(config, environ)
-
-
-def _with_master(config: LaunchConfig, host: str, port: int) -> LaunchConfig:
-    from dataclasses import replace
-
-    return replace(config, master_addr=host, master_port=port)
