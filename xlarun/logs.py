@@ -140,9 +140,7 @@ class StreamRelay:
 
     def close(self) -> None:
         if self._partial:
-            self.tail.append(self._partial)
-            if self._prefix and self._console_fd is not None:
-                write_all(self._console_fd, self._prefix + self._partial + b"\n")
+            self._emit([self._partial])
             self._partial = b""
         if self._file is not None:
             self._file.close()

@@ -10,8 +10,8 @@ import os
 from typing import Any, Mapping
 
 from xlarun import xrt
+from xlarun.workerenv import LAUNCHED_MARKER
 
-LAUNCHED_MARKER = "XLARUN_LAUNCHED"
 TORCH_VIEW = "torch.distributed"
 RUNTIME_VIEW = "the XLA runtime"
 
