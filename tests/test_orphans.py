@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from conftest import files_exist, finish, is_alive, kill_all, read_pid, run_xlarun, start_xlarun, wait_for, worker
 
 
@@ -12,23 +14,13 @@ def pids(out_dir: Path, suffix: str) -> list[int]:
     return [read_pid(out_dir / f"{rank}.{suffix}") for rank in (0, 1)]
 
 
-def test_grandchildren_of_an_exited_worker_are_torn_down_on_failure(out_dir: Path, port: int) -> None:
-    """Rank 0 exits 0 leaving a child; rank 1 then fails: both grandchildren are gone when xlarun returns."""
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, worker("grandchild.py"), out_dir,
-                        "exit-then-fail")
+@pytest.mark.parametrize("mode, exit_code", [("exit-then-fail", 1), ("exit", 0)], ids=["failure", "success"])
+def test_grandchildren_of_exited_workers_are_torn_down(out_dir: Path, port: int, mode: str, exit_code: int) -> None:
+    """Workers exit leaving a child each (on failure: rank 0 exits 0, then rank 1 fails): no grandchild survives xlarun."""
+    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, worker("grandchild.py"), out_dir, mode)
     grandchildren = pids(out_dir, "grandchild")
     try:
-        assert result.returncode == 1, result.stderr
-        assert [pid for pid in grandchildren if is_alive(pid)] == []
-    finally:
-        kill_all(grandchildren)
-
-
-def test_grandchildren_left_by_successful_workers_are_torn_down(out_dir: Path, port: int) -> None:
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, worker("grandchild.py"), out_dir, "exit")
-    grandchildren = pids(out_dir, "grandchild")
-    try:
-        assert result.returncode == 0, result.stderr
+        assert result.returncode == exit_code, result.stderr
         assert [pid for pid in grandchildren if is_alive(pid)] == []
     finally:
         kill_all(grandchildren)
