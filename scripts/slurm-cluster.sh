@@ -5,6 +5,10 @@
 #   scripts/slurm-cluster.sh stop     cancel the cluster's jobs and stop the daemons this script started
 #   scripts/slurm-cluster.sh status   show which daemons run and what sinfo says
 #
+# `start` reuses a cluster that already runs healthy with the configuration it would write now;
+# anything else left over (a daemon down, nodes down, an older configuration, daemons of this
+# configuration whose pid files are gone) is stopped first and a fresh cluster started.
+#
 # One slurmctld and two slurmd daemons (nodes n1 and n2, both 127.0.0.1, told apart by port)
 # run from a private state directory; Slurm's clients and daemons find the configuration
 # through SLURM_CONF. On success `start` and `status` print exactly one line on stdout,
@@ -115,12 +119,9 @@ ensure_node_names_resolve() {
     done
 }
 
-write_conf() {
+conf_text() {
     local first_port=$((CTLD_PORT + 1)) last_port=$((CTLD_PORT + ${#NODES[@]}))
-    mkdir -p "$STATE_DIR/ctld" "$STATE_DIR/log"
-    local node
-    for node in "${NODES[@]}"; do mkdir -p "$STATE_DIR/spool/$node"; done
-    cat >"$CONF" <<EOF
+    cat <<EOF
 # Written by scripts/slurm-cluster.sh: two nodes on this machine, told apart by port.
 ClusterName=xlarun
 SlurmctldHost=localhost(127.0.0.1)
@@ -155,6 +156,19 @@ PartitionName=debug Nodes=n[1-${#NODES[@]}] Default=YES MaxTime=INFINITE State=U
 EOF
 }
 
+write_conf() {
+    mkdir -p "$STATE_DIR/ctld" "$STATE_DIR/log"
+    local node
+    for node in "${NODES[@]}"; do mkdir -p "$STATE_DIR/spool/$node"; done
+    conf_text >"$CONF"
+}
+
+# True when the configuration on disk is the one this script writes now: a cluster started by an
+# older version of the script, or on a machine with another CPU count, is not reused.
+conf_is_current() {
+    [[ -f $CONF ]] && [[ $(conf_text) == "$(<"$CONF")" ]]
+}
+
 # Prints the pid recorded in a pid file if that process is still alive and runs the named program.
 live_pid() {
     local pid_file=$1 program=$2 pid
@@ -170,6 +184,19 @@ daemon_pid_files() {
     local node
     echo "$STATE_DIR/slurmctld.pid slurmctld"
     for node in "${NODES[@]}"; do echo "$STATE_DIR/slurmd-$node.pid slurmd"; done
+}
+
+# Slurm daemons started with this cluster's configuration that no pid file names (a pid file
+# removed or overwritten): a second slurmctld or slurmd beside them would fight over the ports.
+stray_daemon_pids() {
+    local proc comm
+    for proc in /proc/[0-9]*; do
+        { read -r comm <"$proc/comm"; } 2>/dev/null || continue
+        [[ $comm == slurmctld || $comm == slurmd ]] || continue
+        if tr '\0' '\n' <"$proc/environ" 2>/dev/null | grep -qxF "SLURM_CONF=$CONF"; then
+            echo "${proc#/proc/}"
+        fi
+    done
 }
 
 all_daemons_alive() {
@@ -223,6 +250,10 @@ stop_slurm_daemons() {
         fi
         rm -f "$pid_file"
     done < <(daemon_pid_files | tac)
+    for pid in $(stray_daemon_pids); do
+        say "stopping a daemon of this cluster that no pid file names (pid $pid)"
+        end_process "$pid"
+    done
 }
 
 stop_own_munged() {
@@ -271,7 +302,7 @@ cmd_start() {
     start_munged
     ensure_node_names_resolve
     # Busy nodes count as up: another test session may be running a job on them.
-    if all_daemons_alive && nodes_in_state 'idle|mix|alloc|comp'; then
+    if all_daemons_alive && conf_is_current && nodes_in_state 'idle|mix|alloc|comp'; then
         say "already running"
     else
         # Whatever is left of an earlier, partial start goes before a clean one begins.

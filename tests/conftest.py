@@ -3,13 +3,19 @@
 - ``run_xlarun(*args, env=..., cwd=...)`` runs ``python -m xlarun ARGS`` to completion and
   returns ``Run(returncode, stdout, stderr)`` (a tuple).
 - ``start_xlarun(...)`` starts it without waiting, for tests that signal the launcher.
+- ``plan(*args, env=...)``: the JSON plan ``xlarun --dry-run ARGS`` prints.
 - ``clean_env(extra)``: this process's environment without anything a launcher reads
   or sets (``PET_*``, ranks, ``TORCHELASTIC_*``, ``OMP_NUM_THREADS``...), so each test
   states what it depends on; device detection sees a CPU-only host.
 - ``worker("name.py")``: the path of a worker script in ``tests/workers``.
 - ``wait_for(check, what)``: polls ``check`` until true; its deadline is only a safety net.
 - ``is_alive(pid)``: a live process (a zombie counts as dead).
-- ``slurm_env``: a session fixture, the environment for ``srun`` on the Slurm test cluster.
+- ``free_port()`` and the ``port`` fixture: a port nothing listens on, for ``--master_port``. A test
+  that launches passes one (or ``--standalone``) rather than rely on a fixed port such as the
+  default 29500 being free: other jobs on the machine may hold it.
+- ``slurm_env``: a session fixture, the environment for ``srun`` on the Slurm test cluster, which
+  it stops at the end of the session unless another session still uses it. Tests that use it
+  carry the ``slurm`` marker, so ``-m "not slurm"`` never starts the cluster.
 
 Launchers run as ``python -m ...`` with this interpreter, so xlarun and torchrun start
 their workers with the same ``sys.executable``.
@@ -17,6 +23,7 @@ their workers with the same ``sys.executable``.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -25,7 +32,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
 
 import psutil
 import pytest
@@ -94,18 +101,29 @@ def run_command(command: Sequence[str], *, env: Optional[Mapping[str, str]] = No
     return Run(completed.returncode, completed.stdout, completed.stderr)
 
 
-def run_xlarun(*args: str, env: Optional[Mapping[str, str]] = None, cwd: Optional[os.PathLike | str] = None,
+def run_xlarun(*args: object, env: Optional[Mapping[str, str]] = None, cwd: Optional[os.PathLike | str] = None,
                timeout: float = RUN_TIMEOUT_S) -> Run:
     """Run xlarun to completion; ``env`` adds to a clean environment."""
     return run_command([*XLARUN, *map(str, args)], env=env, cwd=cwd, timeout=timeout)
 
 
-def run_torchrun(*args: str, env: Optional[Mapping[str, str]] = None, cwd: Optional[os.PathLike | str] = None,
+def plan(*args: object, env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+    """The plan ``xlarun --dry-run ARGS`` prints, parsed; a refusal fails the test with xlarun's stderr.
+
+    ``args`` are the flags and the script with its arguments (any value, passed as ``str``);
+    ``env`` adds to a clean environment, as for ``run_xlarun``.
+    """
+    result = run_xlarun("--dry-run", *args, env=env)
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)
+
+
+def run_torchrun(*args: object, env: Optional[Mapping[str, str]] = None, cwd: Optional[os.PathLike | str] = None,
                  timeout: float = RUN_TIMEOUT_S) -> Run:
     return run_command([*TORCHRUN, *map(str, args)], env=env, cwd=cwd, timeout=timeout)
 
 
-def start_xlarun(*args: str, env: Optional[Mapping[str, str]] = None,
+def start_xlarun(*args: object, env: Optional[Mapping[str, str]] = None,
                  cwd: Optional[os.PathLike | str] = None) -> subprocess.Popen:
     """Start xlarun in the background (its output captured as text); the caller waits for it."""
     return subprocess.Popen([*XLARUN, *map(str, args)], env=clean_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
@@ -185,8 +203,23 @@ def port() -> int:
 
 
 @pytest.fixture(scope="session")
-def slurm_env() -> dict[str, str]:
-    """The environment for ``srun`` on the two-node Slurm test cluster (see ``tests/slurm.py``)."""
+def slurm_env() -> Iterator[dict[str, str]]:
+    """The environment for ``srun`` on the two-node Slurm test cluster (see ``tests/slurm.py``).
+
+    Session-scoped, so the cluster starts at most once per session and stops when the session
+    ends, unless another session still uses it: a cluster left behind keeps four daemons busy
+    and disturbs later runs.
+    """
     from slurm import slurm_cluster
 
-    return slurm_cluster()
+    with slurm_cluster() as env:
+        yield env
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Refuse a test that uses ``slurm_env`` without the ``slurm`` marker: ``-m "not slurm"`` would
+    select it and start the cluster that the marker promises to leave alone."""
+    unmarked = [item.nodeid for item in items
+                if "slurm_env" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None]
+    if unmarked:
+        raise pytest.UsageError("tests using slurm_env need @pytest.mark.slurm: " + ", ".join(unmarked))

@@ -13,7 +13,7 @@ from typing import Any, Optional
 
 import pytest
 
-from conftest import REPO, run_xlarun
+from conftest import REPO, plan, run_xlarun
 from xlarun.cluster import slurm_master_port
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cluster"
@@ -24,11 +24,9 @@ def cluster_env(name: str) -> dict[str, str]:
     return json.loads((FIXTURES / f"{name}.json").read_text())["environ"]
 
 
-def plan(*flags: str, fixture: str, env: Optional[dict[str, str]] = None) -> dict[str, Any]:
-    """The dry-run plan for ``xlarun FLAGS --nproc_per_node 2 SCRIPT`` on the node ``fixture`` describes."""
-    run = run_xlarun("--dry-run", *flags, SCRIPT, env={**cluster_env(fixture), **(env or {})})
-    assert run.returncode == 0, run.stderr
-    return json.loads(run.stdout)
+def node_plan(*flags: str, fixture: str, env: Optional[dict[str, str]] = None) -> dict[str, Any]:
+    """The dry-run plan for ``xlarun FLAGS SCRIPT`` on the node ``fixture`` describes, ``env`` added."""
+    return plan(*flags, SCRIPT, env={**cluster_env(fixture), **(env or {})})
 
 
 def place(document: dict[str, Any]) -> dict[str, Any]:
@@ -55,54 +53,54 @@ def place(document: dict[str, Any]) -> dict[str, Any]:
       "run_id": "1234370561", "ranks": [2, 3]}),
 ])
 def test_dry_run_shows_the_place_the_cluster_gives_this_node(kind, fixture, flags, expected):
-    assert place(plan("--cluster", kind, *flags, fixture=fixture)) == expected
+    assert place(node_plan("--cluster", kind, *flags, fixture=fixture)) == expected
 
 
 def test_auto_finds_the_cluster_it_runs_in():
-    found = place(plan("--cluster", "auto", "--nproc_per_node", "2", fixture="slurm_step_node1"))
+    found = place(node_plan("--cluster", "auto", "--nproc_per_node", "2", fixture="slurm_step_node1"))
     assert (found["nnodes"], found["node_rank"], found["run_id"]) == ([2, 2], 1, "5.1")
 
 
 def test_explicit_flags_win_over_the_clusters_values():
-    document = plan("--cluster", "slurm", "--nproc_per_node", "2", "--master_addr", "10.1.2.3",
-                    "--master_port", "12345", "--rdzv_id", "mine", fixture="slurm_step_node1")
+    document = node_plan("--cluster", "slurm", "--nproc_per_node", "2", "--master_addr", "10.1.2.3",
+                         "--master_port", "12345", "--rdzv_id", "mine", fixture="slurm_step_node1")
     assert place(document) == {"nnodes": [2, 2], "node_rank": 1, "master_addr": "10.1.2.3", "master_port": 12345,
                                "run_id": "mine", "ranks": [2, 3]}
 
 
 def test_explicit_worker_count_wins_over_the_operators():
-    document = plan("--cluster", "k8s", "--nproc_per_node", "1", fixture="k8s_pytorchjob_worker1")
+    document = node_plan("--cluster", "k8s", "--nproc_per_node", "1", fixture="k8s_pytorchjob_worker1")
     assert (document["nproc_per_node"], document["world_size"], place(document)["ranks"]) == (1, 3, [2])
 
 
 def test_cluster_from_the_environment_variable():
-    document = plan("--nproc_per_node", "2", fixture="slurm_step_node1", env={"XLARUN_CLUSTER": "slurm"})
+    document = node_plan("--nproc_per_node", "2", fixture="slurm_step_node1", env={"XLARUN_CLUSTER": "slurm"})
     assert (document["nnodes"], document["node_rank"], document["run_id"]) == ([2, 2], 1, "5.1")
 
 
 def test_flag_wins_over_the_environment_variable():
-    document = plan("--cluster", "none", "--nproc_per_node", "2", fixture="slurm_step_node1",
-                    env={"XLARUN_CLUSTER": "slurm"})
+    document = node_plan("--cluster", "none", "--nproc_per_node", "2", fixture="slurm_step_node1",
+                         env={"XLARUN_CLUSTER": "slurm"})
     assert (document["nnodes"], document["node_rank"], document["run_id"]) == ([1, 1], 0, "none")
 
 
 def test_without_cluster_a_slurm_job_runs_as_plain_torchrun_would():
-    document = plan("--nproc_per_node", "2", fixture="slurm_step_node1")
+    document = node_plan("--nproc_per_node", "2", fixture="slurm_step_node1")
     assert place(document) == {"nnodes": [1, 1], "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29500,
                                "run_id": "none", "ranks": [0, 1]}
 
 
-@pytest.mark.parametrize("flags, env", [
-    (("--cluster", "bogus"), {}),
-    ((), {"XLARUN_CLUSTER": "bogus"}),
+@pytest.mark.parametrize("flags, env, source", [
+    (("--cluster", "bogus"), {}, "--cluster"),
+    ((), {"XLARUN_CLUSTER": "bogus"}, "--cluster (from XLARUN_CLUSTER)"),
 ])
-def test_unknown_cluster_is_a_usage_error(flags, env):
+def test_unknown_cluster_is_a_usage_error(flags, env, source):
     run = run_xlarun("--dry-run", *flags, "--nproc_per_node", "2", SCRIPT,
                      env={**cluster_env("slurm_step_node1"), **env})
     assert run.returncode == 2
     assert run.stdout == ""
     assert run.stderr.splitlines() == [
-        "xlarun: error: --cluster='bogus' is unknown: expected one of none, auto, slurm, k8s, gke-tpu, mpi"]
+        f"xlarun: error: {source}='bogus' is invalid: expected one of none, auto, slurm, k8s, gke-tpu, mpi"]
 
 
 def test_cluster_settings_that_do_not_fit_are_a_usage_error():

@@ -6,19 +6,13 @@ import json
 import uuid
 from pathlib import Path
 
-from conftest import CONTRACT_VARIABLES, PYTHON, run_xlarun, worker
+from conftest import CONTRACT_VARIABLES, PYTHON, plan, run_xlarun, worker
 
 # Later issues may add keys; these are the ones issue 2 fixes, with their types.
 PLAN_KEYS = {"run_id": str, "device": str, "runtime": str, "node_rank": int, "nnodes": list,
              "nproc_per_node": int, "world_size": int, "master_addr": str, "master_port": int, "env_bytes": int,
              "workers": list}
 WORKER_KEYS = {"local_rank": int, "rank": int, "argv": list, "env": dict}
-
-
-def plan(*args: object, env: dict[str, str] | None = None) -> dict:
-    result = run_xlarun("--dry-run", *map(str, args), env=env)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def test_schema_keys_and_types(tmp_path: Path) -> None:

@@ -25,6 +25,8 @@ import yaml
 
 from conftest import REPO, TESTS, run_xlarun
 
+pytestmark = pytest.mark.examples
+
 EXAMPLES = REPO / "examples"
 SBATCH = EXAMPLES / "slurm-neuron-trn1.sbatch"
 PYTORCHJOB = EXAMPLES / "kubeflow-pytorchjob.yaml"
@@ -339,6 +341,7 @@ def hf_trainer_missing() -> str | None:
     return f"{' and '.join(missing)} not installed (pip install transformers accelerate)" if missing else None
 
 
+@pytest.mark.torch_xla
 @pytest.mark.skipif(hf_trainer_missing() is not None, reason=hf_trainer_missing() or "")
 def test_hf_trainer_fsdp_v2_trains_sharded_over_four_cpu_devices(tmp_path: Path) -> None:
     (command,) = [command for command in written_commands(HF_TRAINER) if "cpu" in command]

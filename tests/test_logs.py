@@ -6,13 +6,17 @@ The layout and console cases run under torchrun as well and must give the same l
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import time
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
-from conftest import run_torchrun, run_xlarun, worker
+from conftest import RUN_TIMEOUT_S, XLARUN, clean_env, run_torchrun, run_xlarun, worker
 
 WORKER_LINE = re.compile(r"r\d (out|err) \d+|last words|dying breath")
 
@@ -136,3 +140,86 @@ def test_crashing_worker_last_output_is_not_lost_on_the_console(port: int) -> No
     assert result.returncode == 137
     assert result.stdout.splitlines()[-1] == "last words of r0"
     assert "last words of r0\ndying breath of r0" in result.stderr
+
+
+def tee_lines_complete(stdout: str, lines: int) -> bool:
+    """Every ``-t 1`` line of both ranks of ``chatter.py LINES`` reached stdout, whole and in order."""
+    numbers: dict[int, list[int]] = {0: [], 1: []}
+    for line in stdout.splitlines():
+        match = re.fullmatch(r"\[default(\d)\]:r\1 out (\d+) x*", line)
+        assert match, f"mixed or broken line: {line!r}"
+        numbers[int(match.group(1))].append(int(match.group(2)))
+    return numbers == {0: list(range(lines)), 1: list(range(lines))}
+
+
+def test_a_console_that_does_not_keep_up_is_waited_for_without_spinning(tmp_path: Path, port: int) -> None:
+    """A non-blocking console (the file description is shared with whoever started the
+    launcher) that stops reading holds the tee back; nothing is dropped and no CPU burnt."""
+    lines = 3000
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    launcher = subprocess.Popen(
+        [*XLARUN, "--nproc_per_node", "2", "--master_port", str(port), "--log-dir", str(tmp_path / "logs"),
+         "-t", "1", "-r", "2", worker("chatter.py"), str(lines)],
+        env=clean_env(), stdin=subprocess.DEVNULL, stdout=write_fd, stderr=subprocess.PIPE)
+    os.close(write_fd)
+    try:
+        received = os.read(read_fd, 64)
+        while b"[default" not in received:
+            chunk = os.read(read_fd, 64)
+            assert chunk, "the launcher ended before any worker line"
+            received += chunk
+        # The workers write far more than the pipe holds: the launcher now waits on a full console.
+        time.sleep(1.0)
+        process = psutil.Process(launcher.pid)
+        before = process.cpu_times()
+        time.sleep(2.0)
+        after = process.cpu_times()
+        busy = (after.user + after.system) - (before.user + before.system)
+        assert busy < 0.5, f"the launcher used {busy:.2f} s of CPU while its console was full"
+        while chunk := os.read(read_fd, 1 << 16):
+            received += chunk
+        _, stderr = launcher.communicate(timeout=RUN_TIMEOUT_S)
+    finally:
+        os.close(read_fd)
+        if launcher.poll() is None:
+            launcher.kill()
+            launcher.communicate()
+    assert launcher.returncode == 0, stderr
+    assert tee_lines_complete(received.decode(), lines)
+
+
+def test_a_console_whose_reader_left_ends_only_the_copy_to_it(tmp_path: Path, port: int) -> None:
+    """``xlarun ... | head``: the run goes on to its own end, and the log files miss nothing."""
+    lines = 3000
+    log_dir = tmp_path / "logs"
+    launcher = subprocess.Popen(
+        [*XLARUN, "--nproc_per_node", "2", "--master_port", str(port), "--log-dir", str(log_dir),
+         "-t", "1", "-r", "2", worker("chatter.py"), str(lines)],
+        env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert launcher.stdout is not None
+    launcher.stdout.readline()
+    launcher.stdout.close()
+    _, stderr = launcher.communicate(timeout=RUN_TIMEOUT_S)
+    assert launcher.returncode == 0, stderr
+    assert "xlarun: cannot write" not in stderr
+    files = log_files(log_dir)
+    assert files["attempt_0/1/stdout.log"].splitlines()[-1] == f"r1 out {lines - 1} " + "x" * ((lines - 1) % 97)
+
+
+def test_a_console_that_refuses_output_is_reported_once_and_the_run_goes_on(tmp_path: Path, port: int) -> None:
+    lines = 200
+    log_dir = tmp_path / "logs"
+    with open("/dev/full", "wb") as full:
+        completed = subprocess.run(
+            [*XLARUN, "--nproc_per_node", "2", "--master_port", str(port), "--log-dir", str(log_dir),
+             "-t", "3", worker("chatter.py"), str(lines)],
+            env=clean_env(), stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE, text=True,
+            timeout=RUN_TIMEOUT_S)
+    assert completed.returncode == 0, completed.stderr
+    notices = [line for line in completed.stderr.splitlines() if line.startswith("xlarun: cannot write")]
+    assert notices == ["xlarun: cannot write worker output to stdout: No space left on device; "
+                       "output it refuses is lost"]
+    assert sum(line.startswith("[default") for line in completed.stderr.splitlines()) == 2 * lines
+    files = log_files(log_dir)
+    assert files["attempt_0/1/stdout.log"].splitlines()[-1] == f"r1 out {lines - 1} " + "x" * ((lines - 1) % 97)

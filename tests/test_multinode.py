@@ -321,7 +321,7 @@ def test_c10d_join_timeout_is_one_line(out_dir: Path, port: int) -> None:
 
     assert run.returncode == 1
     assert lines(run) == [f"xlarun: 1 of 2 nodes joined in 3 s at {HOST}:{port} (run id 'late'): start the missing "
-                          "nodes with the same --rdzv_endpoint and --rdzv_id"]
+                          "nodes with the same --rdzv-endpoint and --rdzv-id"]
     assert list(out_dir.iterdir()) == []
 
 
@@ -394,7 +394,7 @@ def test_second_agent_with_a_taken_node_rank_is_refused_and_the_job_goes_on(node
 
     refused = [run for run in runs if run.returncode != 0]
     assert len(refused) == 1, both(runs)
-    assert lines(refused[0]) == ["xlarun: node rank 1 already joined run 'none': give each node its own --node_rank"]
+    assert lines(refused[0]) == ["xlarun: node rank 1 already joined run 'none': give each node its own --node-rank"]
     assert runs[0].returncode == runs[3].returncode == 0, both(runs)
     assert_all_reduced(nodes.records(), 3)
 
@@ -424,3 +424,11 @@ def test_store_listens_only_on_the_given_address(nodes: Nodes, out_dir: Path, po
     run = finish(node0)
     assert run.returncode == 143
     assert lines(run)[-1] == "xlarun: received SIGTERM while waiting for the other nodes"
+
+
+def test_the_rendezvous_needs_neither_the_report_nor_the_supervisor() -> None:
+    """Failure records pass between nodes without pulling in the process supervision."""
+    code = ("import sys, xlarun.rendezvous; "
+            "print(sorted(name for name in ('xlarun.report', 'xlarun.supervisor') if name in sys.modules))")
+    completed = subprocess.run([XLARUN[0], "-c", code], capture_output=True, text=True, env=clean_env())
+    assert completed.stdout.strip() == "[]", completed.stderr

@@ -8,9 +8,9 @@ import pytest
 
 from xlarun import packages
 from xlarun.exceptions import UsageError
+from xlarun.ports import host_port
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import (XlaOptions, apply_user_precedence, coordinator_port, host_port,
-                             xla_env)
+from xlarun.runtimes import XlaOptions, apply_user_precedence, coordinator_port, xla_env
 from xlarun.runtimes import tpu
 from xlarun.runtimes.tpu import TpuTopology
 
@@ -46,11 +46,6 @@ def test_xpu_needs_only_the_common_variables():
 def test_torchrun_contract_variables_are_left_to_the_launcher():
     env = xla_env(XlaOptions("neuron", "pjrt"), nodes(2, 2, 1), 0)
     assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"} & set(env)
-
-
-def test_local_rank_outside_the_node_is_a_programming_error():
-    with pytest.raises(ValueError):
-        xla_env(XlaOptions("cpu", "pjrt"), nodes(1, 2, 0), 2)
 
 
 # --- TPU --------------------------------------------------------------------------------
@@ -178,21 +173,12 @@ def test_cpu_virtual_devices():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"device": "tpu", "runtime": "pjrt", "virtual_devices": 4}, "--device cpu only"),
-    ({"device": "cpu", "runtime": "pjrt", "virtual_devices": 0}, "positive"),
-    ({"device": "auto", "runtime": "pjrt"}, "not resolved"),
-    ({"device": "cpu", "runtime": "auto"}, "not resolved"),
-    ({"device": "cpu", "runtime": "pjrt", "coordinator_port": 70000}, "not a TCP port"),
+    ({"device": "tpu", "runtime": "pjrt", "virtual_devices": 4}, "cpu device only"),
     ({"device": "cuda", "runtime": "xrt", "spmd": True}, "PJRT"),
 ])
 def test_bad_options_are_usage_errors(kwargs, message):
     with pytest.raises(UsageError, match=message):
         XlaOptions(**kwargs)
-
-
-def test_spmd_with_several_processes_per_node_is_a_usage_error():
-    with pytest.raises(UsageError, match="one process per node"):
-        xla_env(XlaOptions("cpu", "pjrt", spmd=True), nodes(1, 2, 0), 0)
 
 
 # --- XRT ------------------------------------------------------------------------------------------
@@ -215,7 +201,7 @@ def test_xrt_on_cpu_names_the_cpu_device():
 
 
 def test_xrt_on_tpu_is_a_usage_error():
-    with pytest.raises(UsageError, match="--runtime xrt supports"):
+    with pytest.raises(UsageError, match="the XRT runtime runs on device cuda or cpu, not tpu"):
         xla_env(XlaOptions("tpu", "xrt"), nodes(1, 4, 0), 0)
 
 
@@ -350,11 +336,6 @@ def test_resolve_runtime(requested, xla_version, runtime):
     assert packages.resolve_runtime(requested, xla_version) == runtime
 
 
-def test_resolve_runtime_rejects_unknown():
-    with pytest.raises(UsageError, match="--runtime 'grpc'"):
-        packages.resolve_runtime("grpc", "2.9.0")
-
-
 def test_installed_version_reads_metadata():
     assert packages.installed_version("pytest") is not None
     assert packages.installed_version("no-such-distribution-xlarun") is None
@@ -379,8 +360,6 @@ def test_preflight_accepts_matching_pair():
     ("cuda", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "no CUDA support"),
     ("cuda", "pjrt", {"torch": "2.1.2", "torch_xla": "2.1.0"}, {}, "needs torch_xla 2.2 to 2.8"),
     ("cuda", "xrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "2.1 removed XRT"),
-    ("tpu", "xrt", {"torch": "2.0.1", "torch_xla": "2.0"}, {}, "--runtime xrt supports"),
-    ("cpu", "xrt", {"torch": "2.0.1", "torch_xla": "2.0"}, {"spmd": True}, "--spmd needs the PJRT"),
     ("neuron", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "libneuronxla"),
 ])
 def test_preflight_refuses_with_one_line(device, runtime, installed, kwargs, message):

@@ -1,7 +1,9 @@
 """xlarun under a real Slurm: two nodes (n1, n2) on this machine, one srun task per node.
 
-The cluster comes from the session fixture ``slurm_env`` (see tests/slurm.py): these tests skip
-where the machine cannot host it and must run under CI. Run them alone with ``-k slurm``.
+The cluster comes from the session fixture ``slurm_env`` (see tests/slurm.py), started for the
+first of these tests and stopped when the session ends: these tests skip where the machine cannot
+host it and must run under CI. All carry the ``slurm`` marker: run them alone with ``-m slurm``,
+or everything else without starting the cluster with ``-m "not slurm"``.
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ import pytest
 
 from conftest import REPO, Run, clean_env, kill_all
 
+pytestmark = pytest.mark.slurm
+
 # The console script installed next to this interpreter: what a user puts after srun.
 XLARUN_SCRIPT = Path(sys.executable).parent / "xlarun"
 # Safety nets only: a healthy step ends in seconds. The job's own time limit (minutes) makes
@@ -29,7 +33,10 @@ JOINED_LINE = re.compile(r"^\s*(\d+): .*\bjoined rank=(\d+)", re.MULTILINE)
 EXIT_LINE = re.compile(r"^\s*(\d+): xlarun exit status (\d+)$", re.MULTILINE)
 
 # Exits 3 on global rank 2 (the first worker of the second node) once every worker has joined
-# the process group; every other worker would sleep far past the test unless stopped.
+# the process group; every other worker would sleep far past the test unless stopped. The two
+# workers of a node share srun's stdout and run unbuffered (``python -u``), so each line goes out
+# in one write: print() writes the text and the newline apart, and another worker's line could
+# land between them.
 FAILING_WORKER = """\
 import sys
 import time
@@ -37,7 +44,8 @@ import time
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
-print(f"joined rank={dist.get_rank()}", flush=True)
+sys.stdout.write(f"joined rank={dist.get_rank()}\\n")
+sys.stdout.flush()
 if dist.get_rank() == 2:
     sys.exit(3)
 time.sleep(600)

@@ -5,7 +5,11 @@ from __future__ import annotations
 import math
 import re
 
+import pytest
+
 from test_worker import json_report, run_workers
+
+pytestmark = pytest.mark.torch_xla
 
 SPMD_CPU = {"CPU_NUM_DEVICES": "4", "XLA_USE_SPMD": "1"}
 

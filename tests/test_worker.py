@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Callable, Mapping, Sequence
 
 import pytest
 
+from conftest import free_port
 from xlarun.worker import RUNTIME_VIEW, TORCH_VIEW, describe_split, is_launched
 
 REPO = Path(__file__).resolve().parents[1]
@@ -30,12 +30,6 @@ INHERITED_TO_CLEAR = (
     "PJRT_LOCAL_PROCESS_RANK", "PJRT_LOCAL_PROCESS_COUNT", "CPU_NUM_DEVICES", "XLA_USE_SPMD",
     "XLARUN_LAUNCHED", "XRT_WORKERS", "XRT_DEVICE_MAP", "XRT_MULTI_PROCESSING_DEVICE",
 )
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def worker_environment(local_rank: int, nproc: int, master_port: int,

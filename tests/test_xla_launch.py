@@ -13,11 +13,13 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, REPO, TESTS, run_command, run_xlarun, worker
+from conftest import PYTHON, REPO, TESTS, plan, run_command, run_xlarun, worker
 
 XLA_ALLREDUCE = str(REPO / "examples" / "xla_allreduce.py")
 SPMD_FSDP = str(REPO / "examples" / "spmd_fsdp.py")
 HOSTS = TESTS / "fixtures" / "hosts"
+# The script every plan names; planning never runs it.
+NEVER_RUN = (worker("marker.py"), "never-written")
 
 # What the XLA translation may add; everything else in a worker's plan is torchrun's contract.
 XLA_PREFIXES = ("PJRT_", "TPU_", "NEURON_", "XLA_", "CPU_NUM_DEVICES", "XRT_")
@@ -31,12 +33,6 @@ V4_16_SLICE = {"TPU_HOST_BOUNDS": "1,1,2", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1"}
 
 SPLIT_WORLD_MESSAGE = ("SplitWorldError: PJRT's CPU client has no cross-process collectives: "
                        "each of the 2 processes would train alone as rank 0 of 1")
-
-
-def plan(*args: object, env: dict[str, str] | None = None) -> dict:
-    result = run_xlarun("--dry-run", *map(str, args), worker("marker.py"), "never-written", env=env)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def xla_part(env: dict[str, str]) -> dict[str, str]:
@@ -55,18 +51,21 @@ def launcher_lines(stderr: str, prefix: str) -> list[str]:
 
 # --- real workers on torch_xla 2.9's CPU client -------------------------------------------------------
 
+@pytest.mark.torch_xla
 @pytest.mark.parametrize("init", ["xlarun", "torch"])
-def test_one_cpu_process_joins_a_world_of_one_and_all_reduces(init: str) -> None:
-    result = run_xlarun("--nproc_per_node", "1", "--device", "cpu", XLA_ALLREDUCE, "--init", init)
+def test_one_cpu_process_joins_a_world_of_one_and_all_reduces(init: str, port: int) -> None:
+    result = run_xlarun("--nproc_per_node", "1", "--master_port", port, "--device", "cpu", XLA_ALLREDUCE,
+                        "--init", init)
     assert result.returncode == 0, result.stderr
     assert json_line(result.stdout) == {"rank": 0, "world_size": 1, "sum": 1.0}
     assert launcher_lines(result.stderr, "xlarun: warning:") == []
 
 
-def test_two_cpu_processes_are_caught_as_a_split_world(tmp_path: Path) -> None:
+@pytest.mark.torch_xla
+def test_two_cpu_processes_are_caught_as_a_split_world(tmp_path: Path, port: int) -> None:
     out = tmp_path / "errors"
     out.mkdir()
-    result = run_xlarun("--nproc_per_node", "2", "--device", "cpu",
+    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--device", "cpu",
                         worker("xla_split_world.py"), out, XLA_ALLREDUCE)
 
     assert result.returncode != 0
@@ -86,11 +85,11 @@ def test_two_cpu_processes_are_caught_as_a_split_world(tmp_path: Path) -> None:
     assert "2 CPU processes" in warning and "--spmd --virtual-devices" in warning
 
 
-def test_spmd_on_four_virtual_cpu_devices_trains_a_sharded_model() -> None:
-    args = ["--spmd", "--device", "cpu", "--virtual-devices", "4", SPMD_FSDP, "--steps", "4"]
-    document = run_xlarun("--dry-run", *args)
-    assert document.returncode == 0, document.stderr
-    planned = json.loads(document.stdout)
+@pytest.mark.torch_xla
+def test_spmd_on_four_virtual_cpu_devices_trains_a_sharded_model(port: int) -> None:
+    args = ["--spmd", "--master_port", str(port), "--device", "cpu", "--virtual-devices", "4", SPMD_FSDP,
+            "--steps", "4"]
+    planned = plan(*args)
     assert planned["nproc_per_node"] == 1
     [entry] = planned["workers"]
     assert xla_part(entry["env"]) == {"PJRT_DEVICE": "CPU", "PJRT_LOCAL_PROCESS_RANK": "0",
@@ -159,7 +158,7 @@ TRANSLATIONS = {
 @pytest.mark.parametrize("node_rank", [0, 1])
 def test_dry_run_gives_each_worker_its_devices_variables(name: str, node_rank: int) -> None:
     flags, env, (device, runtime), expected = TRANSLATIONS[name]
-    document = plan(*TWO_NODES, "--node_rank", node_rank, *flags, env=env)
+    document = plan(*TWO_NODES, "--node_rank", node_rank, *flags, *NEVER_RUN, env=env)
     assert (document["device"], document["runtime"]) == (device, runtime)
     assert document["workers"], document
     for entry in document["workers"]:
@@ -194,7 +193,7 @@ def test_every_node_plans_one_coordinator_port_that_is_not_the_master_port(name:
     ports = set()
     for node_rank in (0, 1):
         document = plan("--nnodes", "2", "--node_rank", node_rank, "--nproc_per_node", "2", "--master_addr",
-                        MASTER_ADDR, "--master_port", master_port, *COORDINATED[name])
+                        MASTER_ADDR, "--master_port", master_port, *COORDINATED[name], *NEVER_RUN)
         ports |= coordinator_ports(document)
     assert len(ports) == 1, ports
     assert master_port not in ports
@@ -204,7 +203,7 @@ def test_every_node_plans_one_coordinator_port_that_is_not_the_master_port(name:
 def test_coordinator_port_flag_overrides_the_rule_on_every_node(name: str) -> None:
     for node_rank in (0, 1):
         document = plan(*TWO_NODES, "--node_rank", node_rank, "--nproc_per_node", "2",
-                        "--coordinator-port", "40123", *COORDINATED[name])
+                        "--coordinator-port", "40123", *COORDINATED[name], *NEVER_RUN)
         assert coordinator_ports(document) == {40123}
 
 
@@ -226,7 +225,7 @@ SIZED = {
 def test_added_environment_does_not_grow_with_the_world(name: str) -> None:
     def sized(nnodes: int) -> dict:
         return plan("--nnodes", nnodes, "--node_rank", "1", "--nproc_per_node", "32",
-                    "--master_addr", MASTER_ADDR, *SIZED[name])
+                    "--master_addr", MASTER_ADDR, *SIZED[name], *NEVER_RUN)
 
     small, huge = sized(2), sized(32768)
     assert (small["world_size"], huge["world_size"]) == (64, 1048576)
@@ -253,7 +252,7 @@ def test_added_environment_does_not_grow_with_the_world(name: str) -> None:
 # --- a user's own setting wins ------------------------------------------------------------------------
 
 def test_users_neuron_root_address_stays_out_of_the_plan() -> None:
-    document = plan(*TWO_NODES, "--node_rank", "1", "--nproc_per_node", "2", "--device", "neuron",
+    document = plan(*TWO_NODES, "--node_rank", "1", "--nproc_per_node", "2", "--device", "neuron", *NEVER_RUN,
                     env={"NEURON_RT_ROOT_COMM_ID": "1.2.3.4:5"})
     for entry in document["workers"]:
         assert "NEURON_RT_ROOT_COMM_ID" not in entry["env"]  # the worker inherits the user's value
@@ -264,9 +263,9 @@ def test_users_neuron_root_address_stays_out_of_the_plan() -> None:
     ("PJRT_DEVICE", "CPU", []),
     ("CPU_NUM_DEVICES", "2", ["--device", "cpu", "--virtual-devices", "4"]),
 ])
-def test_users_setting_wins_with_one_notice_line(tmp_path: Path, variable: str, value: str,
+def test_users_setting_wins_with_one_notice_line(tmp_path: Path, port: int, variable: str, value: str,
                                                  flags: list[str]) -> None:
-    result = run_xlarun("--nproc_per_node", "2", *flags, worker("dump_env.py"),
+    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, *flags, worker("dump_env.py"),
                         env={variable: value, "DUMP_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     notices = [line for line in result.stderr.splitlines() if "keeping your own" in line]
@@ -283,8 +282,9 @@ BAD_XLA_INPUTS = {
     "unknown device": (["--device", "bogus"], "--device='bogus'"),
     "unknown runtime": (["--runtime", "bogus"], "--runtime='bogus'"),
     "zero virtual devices": (["--device", "cpu", "--virtual-devices", "0"], "--virtual-devices='0'"),
-    "virtual devices off cpu": (["--virtual-devices", "2", "--device", "tpu"], "--device cpu only"),
-    "spmd with several processes": (["--spmd", "--nproc_per_node", "4"], "--nproc-per-node=4"),
+    "virtual devices off cpu": (["--virtual-devices", "2", "--device", "tpu"], "virtual devices exist on the cpu device only, not on tpu"),
+    "spmd with several processes": (["--spmd", "--nproc_per_node", "4"],
+                                    "--nproc-per-node='4' cannot run under SPMD"),
     "xrt with torch_xla 2.9": (["--runtime", "xrt"], "2.1 removed XRT"),
     "cuda with torch_xla 2.9": (["--device", "cuda"], "removed in 2.9"),
     "coordinator port is the master port": (["--master_port", "29533", "--coordinator-port", "29533"],
@@ -309,7 +309,7 @@ def test_dry_run_refuses_coordinator_port_equal_to_master_port_too() -> None:
                         worker("marker.py"), "never-written")
     assert result.returncode == 2
     [line] = result.stderr.splitlines()
-    assert "--coordinator-port 29533 is the master port" in line
+    assert "coordinator port 29533 is the master port" in line
 
 
 # --- device auto on fake hosts, without torch at start-up ------------------------------------------------

@@ -6,12 +6,13 @@ import re
 
 import pytest
 
-from test_worker import free_port, json_report, run_workers
-from xlarun import xrt
+from conftest import free_port
+from test_worker import json_report, run_workers
+from xlarun.worker import xrt
 
 BUILD_LISTS = """
 import json, os
-from xlarun import xrt
+from xlarun.worker import xrt
 xrt.configure_xrt_worker()
 print(json.dumps({name: os.environ[name] for name in ("XRT_WORKERS", "XRT_DEVICE_MAP")}))
 """

@@ -1,7 +1,8 @@
 """xlarun: torchrun's contract for XLA devices.
 
 The package imports no torch: the launcher starts without it, and the worker-side
-helpers (``init_process_group``) import torch and torch_xla only when called.
+helpers (:mod:`xlarun.worker`: ``init_process_group``, ...) import torch and torch_xla
+only when called.
 """
 
 from typing import Any

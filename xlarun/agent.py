@@ -20,11 +20,13 @@ from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from xlarun.config import LaunchConfig
 from xlarun.exceptions import LaunchError
+from xlarun.failures import FailureRecord, signal_name
 from xlarun.logs import make_run_log_dir, plan_worker_logs
-from xlarun.plan import DevicePlan, worker_variables
+from xlarun.deviceplan import DevicePlan
+from xlarun.plan import worker_variables
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import Rendezvous
-from xlarun.report import FailureRecord, RunSummary, failure_as_dict, format_report, signal_name
+from xlarun.report import RunSummary, failure_as_dict, format_report
 from xlarun.supervisor import (STOP_SIGNALS, GroupOutcome, OrphanGuard, SignalInbox, WorkerGroup, WorkerResult,
                                WorkerSpec)
 
@@ -39,12 +41,11 @@ def say(message: str) -> None:
 
 class Agent:
     def __init__(self, config: LaunchConfig, device: DevicePlan, rendezvous: Rendezvous,
-                 environ: Mapping[str, str], nproc_per_node: int):
+                 environ: Mapping[str, str]):
         self.config = config
         self.device = device
         self.rendezvous = rendezvous
         self.environ = dict(environ)
-        self.nproc_per_node = nproc_per_node
         self.summary: Optional[RunSummary] = None
         self._run_dir = ""
         self._records: dict[int, FailureRecord] = {}
@@ -74,8 +75,9 @@ class Agent:
         summary.write(self.config.summary_file)
 
     def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> int:
-        for attempt in range(self.config.max_restarts + 1):
-            node = wait_interruptibly(inbox, self.rendezvous.assign, attempt, self.nproc_per_node)
+        attempt = 0
+        while True:
+            node = wait_interruptibly(inbox, self.rendezvous.assign, attempt, self.config.nproc_per_node)
             if isinstance(node, Interrupted):
                 return self._stopped_by_signal(node.signal_number, "while waiting for the other nodes")
             if self.summary is None:
@@ -95,13 +97,12 @@ class Agent:
             if verdict:
                 return 0
             failures = self._failures(outcome, node)
-            if attempt < self.config.max_restarts:
-                cause = describe(failures[0]) if failures else (outcome.stop_reason or "stopped")
-                say(f"attempt {attempt} failed ({cause}); restarting the worker group "
-                    f"(restart {attempt + 1} of {self.config.max_restarts})")
-                continue
-            return self._fail(failures, outcome)
-        return 1
+            if attempt >= self.config.max_restarts:
+                return self._fail(failures, outcome)
+            cause = describe(failures[0]) if failures else (outcome.stop_reason or "stopped")
+            say(f"attempt {attempt} failed ({cause}); restarting the worker group "
+                f"(restart {attempt + 1} of {self.config.max_restarts})")
+            attempt += 1
 
     def _publisher(self, node: NodeAssignment) -> Callable[[WorkerResult], None]:
         """Records a local failure the moment it is seen and tells the other nodes (if any)."""

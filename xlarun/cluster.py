@@ -1,8 +1,8 @@
-"""``--cluster``: a node's place in a multi-node job, read from the variables its cluster set.
+"""A node's place in a multi-node job, read from the variables its cluster set.
 
 Each node runs one xlarun. The scheduler that started it already knows how many
 nodes the job has, which one this is and where node 0 lives; detect_cluster reads
-that from the environment so that ``srun xlarun --cluster slurm train.py`` needs no
+that from the environment so that ``srun xlarun`` with cluster ``slurm`` needs no
 other flag. Every reader here is a pure function of the mapping it is given: no
 process is started (no ``scontrol``) and ``os.environ`` is never read directly, so
 the caller decides which environment counts.
@@ -44,14 +44,14 @@ Kinds, and what each reads:
     process nothing about where rank 0 runs: the only address in its environment is
     mpirun's own (``OMPI_MCA_orte_hnp_uri``), and mpirun may run on a host that holds
     no rank. So master_addr stays None and the launcher must be given
-    ``--master_addr``; resolve_master_addr says so.
+    the master address; resolve_master_addr says so.
 
 ``auto`` picks the innermost launcher whose marker variable is present, in the
 order mpi (``OMPI_COMM_WORLD_SIZE``), slurm (``SLURM_JOB_ID``), gke-tpu
 (``TPU_WORKER_HOSTNAMES``), k8s (``KUBERNETES_SERVICE_HOST`` with ``PET_NODE_RANK``
 or ``MASTER_ADDR``, and not elastic): mpirun may run inside a Slurm allocation,
 and TPU pods are Kubernetes pods too. Once a kind is picked its variables must be
-complete, as with an explicit ``--cluster``.
+complete, as with an explicit kind.
 """
 
 from __future__ import annotations
@@ -62,8 +62,8 @@ from typing import Callable, Mapping, Sequence
 
 from xlarun.exceptions import UsageError
 from xlarun.hostlist import first_host
+from xlarun.options import flag
 
-CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "mpi")
 
 # Slurm master ports: 15000-24999, in blocks of 4 so that ports a launcher derives
 # as MASTER_PORT+1..+3 stay inside the step's own block. The range stays clear of
@@ -85,7 +85,7 @@ class ClusterSettings:
     """What the cluster says about this node's place in the job.
 
     ``master_addr`` is node 0's address as every node reaches it; None (only for
-    ``mpi``) means the cluster cannot say and ``--master_addr`` is required (see
+    ``mpi``) means the cluster cannot say and the master address must be given (see
     resolve_master_addr). ``master_port`` None keeps the launcher's default or
     explicit port. ``run_id`` is an id every node of the job shares, or None.
     ``nproc_per_node`` is set only when the cluster states a number of workers per
@@ -101,24 +101,24 @@ class ClusterSettings:
     nproc_per_node: int | None = None
 
     def resolve_master_addr(self, explicit_master_addr: str | None) -> str:
-        """Node 0's address: the explicit ``--master_addr`` if given, else the cluster's.
+        """Node 0's address: the one given on the command line, else the cluster's.
 
-        Raises UsageError when neither names one (an Open MPI launch without ``--master_addr``).
+        Raises UsageError when neither names one (an Open MPI launch given no master address).
         """
         if explicit_master_addr:
             return explicit_master_addr
         if self.master_addr is None:
             raise UsageError(
-                f"--cluster {self.kind} cannot tell where node 0 runs; pass --master_addr with"
+                f"{flag('cluster')} {self.kind} cannot tell where node 0 runs; pass {flag('master_addr')} with"
                 f" the address of the host of rank 0 (the same on every node)")
         return self.master_addr
 
 
 def detect_cluster(kind: str, environ: Mapping[str, str]) -> ClusterSettings | None:
-    """This node's settings from the cluster ``kind`` (one of CLUSTER_KINDS) and ``environ``.
+    """This node's settings from the cluster ``kind`` (one of :data:`xlarun.options.CLUSTER_KINDS`) and ``environ``.
 
     ``none`` gives None; ``auto`` gives the settings of the first kind whose marker
-    variable is present, or None. Raises UsageError for an unknown kind, or when the
+    variable is present, or None. Raises UsageError when the
     chosen kind's variables are missing (all of them are named) or malformed.
     """
     if kind == "none":
@@ -128,10 +128,7 @@ def detect_cluster(kind: str, environ: Mapping[str, str]) -> ClusterSettings | N
             if _MARKERS[candidate](environ):
                 return _READERS[candidate](environ)
         return None
-    reader = _READERS.get(kind)
-    if reader is None:
-        raise UsageError(f"--cluster {kind!r} is not a cluster kind; choose one of {', '.join(CLUSTER_KINDS)}")
-    return reader(environ)
+    return _READERS[kind](environ)
 
 
 def slurm_master_port(job_id: int, step_id: int) -> int:
@@ -163,9 +160,9 @@ def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
     if not in_step:
         if nnodes > 1:
             raise UsageError(
-                f"--cluster slurm: this job has {nnodes} nodes but xlarun runs outside a job step,"
+                f"{flag('cluster')} slurm: this job has {nnodes} nodes but xlarun runs outside a job step,"
                 f" on one of them; start one per node with `srun --ntasks-per-node=1 xlarun ...`"
-                f" (or use --cluster none for a one-node run)")
+                f" (or use {flag('cluster')} none for a one-node run)")
         node_rank = 0
         step_id = None
     else:
@@ -174,11 +171,11 @@ def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
         tasks = environ.get("SLURM_STEP_TASKS_PER_NODE", "")
         if tasks and _most_tasks_on_a_node(tasks) > 1:
             raise UsageError(
-                f"--cluster slurm: the step runs several tasks on a node (SLURM_STEP_TASKS_PER_NODE={tasks});"
+                f"{flag('cluster')} slurm: the step runs several tasks on a node (SLURM_STEP_TASKS_PER_NODE={tasks});"
                 f" xlarun must run once per node: use `srun --ntasks-per-node=1`")
     _check_node_rank(node_rank, nnodes, "slurm", "SLURM_NODEID")
 
-    nodelist_name = _first_present(environ, nodelist_names)
+    nodelist_name = _set_name(environ, nodelist_names)
     master_addr = first_host(environ[nodelist_name])
     run_id = str(job_id) if step_id is None else f"{job_id}.{step_id}"
     return ClusterSettings(kind="slurm", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
@@ -188,8 +185,8 @@ def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
 def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
     if _is_elastic_pytorchjob(environ):
         raise UsageError(
-            f"--cluster k8s: PET_NNODES={environ['PET_NNODES']} is an elastic PyTorchJob, which its"
-            f" PET_RDZV_* variables configure; run xlarun without --cluster")
+            f"{flag('cluster')} k8s: PET_NNODES={environ['PET_NNODES']} is an elastic PyTorchJob, which its"
+            f" PET_RDZV_* variables configure; run xlarun without {flag('cluster')}")
     if _present(environ, "PET_NPROC_PER_NODE"):
         node_count_names: Sequence[str] = ("PET_NNODES",)  # WORLD_SIZE counts processes here
     else:
@@ -197,7 +194,7 @@ def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
     required = [node_count_names, ("PET_NODE_RANK", "RANK"), ("PET_MASTER_ADDR", "MASTER_ADDR")]
     _require(environ, "k8s", required, "these come from a Kubeflow PyTorchJob with a Master replica")
 
-    nnodes_name = _first_present(environ, node_count_names)
+    nnodes_name = _set_name(environ, node_count_names)
     nnodes_text = environ[nnodes_name]
     if nnodes_name == "PET_NNODES" and ":" in nnodes_text:
         nnodes_text = nnodes_text.split(":", 1)[0]  # a MIN:MAX with MIN == MAX; elastic was refused above
@@ -205,12 +202,12 @@ def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
     rank_name, node_rank = _whole_number(environ, "k8s", ("PET_NODE_RANK", "RANK"))
     _check_node_rank(node_rank, nnodes, "k8s", rank_name)
 
-    master_addr = environ[_first_present(environ, ("PET_MASTER_ADDR", "MASTER_ADDR"))]
+    master_addr = environ[_set_name(environ, ("PET_MASTER_ADDR", "MASTER_ADDR"))]
     if node_rank == 0 and nnodes > 1 and _is_loopback(master_addr) and _present(environ, "HOSTNAME"):
         master_addr = environ["HOSTNAME"]
     master_port = _optional_port(environ, "k8s", ("PET_MASTER_PORT", "MASTER_PORT"))
     nproc_text = environ.get("PET_NPROC_PER_NODE", "")
-    # "auto", "gpu" or "cpu" are torchrun's own values: left to --nproc_per_node.
+    # "auto", "gpu" or "cpu" are torchrun's own values: left to the option's own rules.
     nproc_per_node = _parse_count(nproc_text, "PET_NPROC_PER_NODE", "k8s") if _DIGITS.fullmatch(nproc_text) else None
     return ClusterSettings(kind="k8s", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                            master_port=master_port, run_id=None, nproc_per_node=nproc_per_node)
@@ -222,12 +219,12 @@ def _read_gke_tpu(environ: Mapping[str, str]) -> ClusterSettings:
     slices = _optional_int(environ, "gke-tpu", ("MEGASCALE_NUM_SLICES",))
     if slices is not None and slices > 1:
         raise UsageError(
-            f"--cluster gke-tpu: MEGASCALE_NUM_SLICES={slices} is a multislice job, whose worker ids"
-            f" count within one slice; give --nnodes, --node_rank and --master_addr instead")
+            f"{flag('cluster')} gke-tpu: MEGASCALE_NUM_SLICES={slices} is a multislice job, whose worker ids"
+            f" count within one slice; give {flag('nnodes')}, {flag('node_rank')} and {flag('master_addr')} instead")
     hostnames = environ["TPU_WORKER_HOSTNAMES"]
     hosts = [host.strip() for host in hostnames.split(",")]
     if not all(hosts):
-        raise UsageError(f"--cluster gke-tpu: TPU_WORKER_HOSTNAMES={hostnames!r} has an empty entry;"
+        raise UsageError(f"{flag('cluster')} gke-tpu: TPU_WORKER_HOSTNAMES={hostnames!r} has an empty entry;"
                          f" it must be a comma-separated list of host names")
     _, node_rank = _whole_number(environ, "gke-tpu", ("TPU_WORKER_ID",))
     _check_node_rank(node_rank, len(hosts), "gke-tpu", "TPU_WORKER_ID")
@@ -241,7 +238,7 @@ def _read_mpi(environ: Mapping[str, str]) -> ClusterSettings:
     local_size = _optional_int(environ, "mpi", ("OMPI_COMM_WORLD_LOCAL_SIZE",))
     if local_size is not None and local_size > 1:
         raise UsageError(
-            f"--cluster mpi: mpirun started {local_size} xlarun processes on this node; xlarun must run"
+            f"{flag('cluster')} mpi: mpirun started {local_size} xlarun processes on this node; xlarun must run"
             f" once per node: use `mpirun --npernode 1` (or --map-by ppr:1:node)")
     nnodes = _node_count(environ, "mpi", ("OMPI_COMM_WORLD_SIZE",))
     _, node_rank = _whole_number(environ, "mpi", ("OMPI_COMM_WORLD_RANK",))
@@ -284,6 +281,14 @@ def _first_present(environ: Mapping[str, str], names: Sequence[str]) -> str | No
     return next((name for name in names if _present(environ, name)), None)
 
 
+def _set_name(environ: Mapping[str, str], names: Sequence[str]) -> str:
+    """The first set variable of ``names``, which the caller's :func:`_require` made sure of."""
+    name = _first_present(environ, names)
+    if name is None:
+        raise KeyError(names[0])
+    return name
+
+
 def _describe(names: Sequence[str]) -> str:
     return names[0] if len(names) == 1 else f"{names[0]} (or {' or '.join(names[1:])})"
 
@@ -292,26 +297,26 @@ def _require(environ: Mapping[str, str], kind: str, required: Sequence[Sequence[
     """Raise one UsageError naming every required variable (with its alternatives) that is unset."""
     missing = [_describe(names) for names in required if _first_present(environ, names) is None]
     if missing:
-        raise UsageError(f"--cluster {kind}: missing {', '.join(missing)}; {hint}")
+        raise UsageError(f"{flag('cluster')} {kind}: missing {', '.join(missing)}; {hint}")
 
 
 def _parse_count(text: str, name: str, kind: str) -> int:
     if not _DIGITS.fullmatch(text) or int(text) < 1:
-        raise UsageError(f"--cluster {kind}: {name}={text!r} is not a positive whole number")
+        raise UsageError(f"{flag('cluster')} {kind}: {name}={text!r} is not a positive whole number")
     return int(text)
 
 
 def _node_count(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> int:
-    name = _first_present(environ, names)
+    name = _set_name(environ, names)
     return _parse_count(environ[name], name, kind)
 
 
 def _whole_number(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> tuple[str, int]:
     """The first set variable of ``names`` and its value, a whole number 0 or more."""
-    name = _first_present(environ, names)
+    name = _set_name(environ, names)
     text = environ[name]
     if not _DIGITS.fullmatch(text):
-        raise UsageError(f"--cluster {kind}: {name}={text!r} is not a whole number 0 or more")
+        raise UsageError(f"{flag('cluster')} {kind}: {name}={text!r} is not a whole number 0 or more")
     return name, int(text)
 
 
@@ -324,13 +329,13 @@ def _optional_int(environ: Mapping[str, str], kind: str, names: Sequence[str]) -
 def _optional_port(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> int | None:
     port = _optional_int(environ, kind, names)
     if port is not None and not 1 <= port <= 65535:
-        raise UsageError(f"--cluster {kind}: {_first_present(environ, names)}={port} is not a TCP port (1-65535)")
+        raise UsageError(f"{flag('cluster')} {kind}: {_first_present(environ, names)}={port} is not a TCP port (1-65535)")
     return port
 
 
 def _check_node_rank(node_rank: int, nnodes: int, kind: str, name: str) -> None:
     if node_rank >= nnodes:
-        raise UsageError(f"--cluster {kind}: {name}={node_rank} is not below the node count {nnodes}")
+        raise UsageError(f"{flag('cluster')} {kind}: {name}={node_rank} is not below the node count {nnodes}")
 
 
 def _most_tasks_on_a_node(tasks_per_node: str) -> int:
@@ -339,7 +344,7 @@ def _most_tasks_on_a_node(tasks_per_node: str) -> int:
     for item in tasks_per_node.split(","):
         match = _TASKS_PER_NODE_ITEM.fullmatch(item)
         if match is None:
-            raise UsageError(f"--cluster slurm: SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r} is not"
+            raise UsageError(f"{flag('cluster')} slurm: SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r} is not"
                              f" Slurm's counts form (e.g. 1(x4) or 2,1)")
         counts.append(int(match.group(1)))
     return max(counts)

@@ -11,10 +11,10 @@ import os
 import re
 from typing import Mapping
 
-from xlarun.exceptions import UsageError
+from xlarun.exceptions import PlanError
 
 DEVICES = ("auto", "tpu", "neuron", "cuda", "cpu", "xpu")
-"""What ``--device`` accepts. Every name but ``auto`` is also a resolved device."""
+"""The devices a user may ask for. Every name but ``auto`` is also a resolved device."""
 
 HOST_ROOT_VARIABLE = "XLARUN_HOST_ROOT"
 
@@ -43,7 +43,7 @@ NEURON_CORES_PER_DEVICE = 2
 
 NEURON_CORES_PER_DEVICE_TRN2 = 4
 """Logical NeuronCores per trn2 device with the runtime's default of two physical cores
-per logical core (``NEURON_LOGICAL_NC_CONFIG=2``); set ``--nproc-per-node`` explicitly
+per logical core (``NEURON_LOGICAL_NC_CONFIG=2``); give the worker count explicitly
 when running trn2 with one physical core per logical core."""
 
 _NEURON_DEVICE_NAME = re.compile(r"^neuron\d+$")
@@ -60,21 +60,16 @@ def host_root(environ: Mapping[str, str]) -> str:
 
 def pjrt_device_name(device: str) -> str:
     """``PJRT_DEVICE``'s spelling of a resolved device (``"tpu"`` -> ``"TPU"``)."""
-    try:
-        return _PJRT_NAMES[device]
-    except KeyError:
-        raise UsageError(f"unknown device {device!r}: allowed are {', '.join(_PJRT_NAMES)}") from None
+    return _PJRT_NAMES[device]
 
 
 def resolve_device(requested: str, environ: Mapping[str, str], root: str = "/") -> str:
-    """Turn ``--device`` into a concrete device name.
+    """Turn the requested device into a concrete device name.
 
     ``auto`` follows ``PJRT_DEVICE`` when the user set it (torch_xla would obey it
     too); otherwise the first accelerator this host has, in torch_xla's own probe
     order (TPU, then Neuron) followed by NVIDIA GPUs, and CPU when there is none.
     """
-    if requested not in DEVICES:
-        raise UsageError(f"--device {requested!r} is not supported: use one of {', '.join(DEVICES)}")
     if requested != "auto":
         return requested
     pjrt_device = environ.get("PJRT_DEVICE")
@@ -82,7 +77,7 @@ def resolve_device(requested: str, environ: Mapping[str, str], root: str = "/") 
         # torch_xla reads only the part before '_' (e.g. "TPU_LEGACY" is TPU).
         kind = pjrt_device.split("_")[0].upper()
         if kind not in _FROM_PJRT_NAME:
-            raise UsageError(f"PJRT_DEVICE={pjrt_device} is not a device xlarun knows: "
+            raise PlanError(f"PJRT_DEVICE={pjrt_device} is not a device xlarun knows: "
                              f"use one of {', '.join(_PJRT_NAMES.values())}, or unset it")
         return _FROM_PJRT_NAME[kind]
     if tpu_chip_count(root):
@@ -95,7 +90,7 @@ def resolve_device(requested: str, environ: Mapping[str, str], root: str = "/") 
 
 
 def local_unit_count(device: str, root: str = "/") -> int | None:
-    """How many workers ``--nproc-per-node auto`` starts on this host for ``device``.
+    """How many workers the worker count ``auto`` starts on this host for ``device``.
 
     One per TPU chip, per NeuronCore, or per NVIDIA GPU; 0 when the host has none of
     that device (the caller decides, e.g. ask for a number). ``None`` for cpu and xpu:
@@ -107,9 +102,7 @@ def local_unit_count(device: str, root: str = "/") -> int | None:
         return neuron_core_count(root)
     if device == "cuda":
         return nvidia_gpu_count(root)
-    if device in ("cpu", "xpu"):
-        return None
-    raise UsageError(f"unknown device {device!r}: allowed are {', '.join(_PJRT_NAMES)}")
+    return None
 
 
 def _read_stripped(path: str) -> str | None:
@@ -139,7 +132,7 @@ def tpu_chip_device_ids(root: str = "/") -> list[str]:
         if _read_stripped(os.path.join(pci_devices, entry, "vendor")) != GOOGLE_PCI_VENDOR:
             continue
         device_id = _read_stripped(os.path.join(pci_devices, entry, "device"))
-        if device_id in TPU_PCI_DEVICE_GENERATIONS:
+        if device_id is not None and device_id in TPU_PCI_DEVICE_GENERATIONS:
             ids.append(device_id)
     return ids
 

@@ -7,6 +7,14 @@ class UsageError(Exception):
     exit_code = 2
 
 
+class PlanError(UsageError):
+    """A request the host, the device or the installed packages cannot serve.
+
+    Raised below the command line, so its text speaks of devices, runtimes and counts, not
+    of flags; the command line layer may put the flag and its value in front of it.
+    """
+
+
 class LaunchError(Exception):
     """The launcher itself could not do its part (e.g. a rendezvous failed): one line, exit code 1."""
 

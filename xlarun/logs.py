@@ -13,6 +13,7 @@ can quote the last lines even when the worker never wrote an error file.
 from __future__ import annotations
 
 import os
+import select
 import shutil
 import tempfile
 from collections import deque
@@ -20,8 +21,9 @@ from dataclasses import dataclass
 from string import Template
 from typing import Optional
 
-from xlarun.config import STDERR, STDOUT, LaunchConfig
+from xlarun.config import LaunchConfig
 from xlarun.exceptions import UsageError
+from xlarun.options import STDERR, STDOUT, flag
 
 TAIL_LINES = 20
 # A worker that never ends a line (progress bars) still gets its text out in bounded pieces.
@@ -52,11 +54,11 @@ def make_run_log_dir(base: Optional[str], run_id: str) -> str:
         if base is None:
             base = tempfile.mkdtemp(prefix="xlarun_")
         elif os.path.isfile(base):
-            raise UsageError(f"--log-dir {base} is a file: give a directory (it is created when missing)")
+            raise UsageError(f"{flag('log_dir')} {base} is a file: give a directory (it is created when missing)")
         os.makedirs(base, exist_ok=True)
         return tempfile.mkdtemp(prefix=f"{run_id}_", dir=base)
     except OSError as error:
-        raise UsageError(f"--log-dir {base} cannot hold the logs ({error.strerror}): "
+        raise UsageError(f"{flag('log_dir')} {base} cannot hold the logs ({error.strerror}): "
                          "give a writable directory") from None
 
 
@@ -99,16 +101,46 @@ def plan_worker_logs(config: LaunchConfig, run_dir: str, attempt: int, local_ran
     )
 
 
-def write_all(fd: int, data: bytes) -> None:
+# Consoles that already refused worker output, so each failing console costs one notice.
+_failed_consoles: set[int] = set()
+
+
+def write_all(fd: int, data: bytes) -> bool:
+    """Write all of ``data``; False when the reader has closed, so nothing more can reach it.
+
+    The console's file description is shared with whatever started the launcher and may be
+    non-blocking: a full pipe or terminal is waited for, never spun on and never skipped.
+    Any other error is raised.
+    """
     view = memoryview(data)
     while view:
         try:
-            written = os.write(fd, view)
+            view = view[os.write(fd, view):]
         except BlockingIOError:
-            continue
-        except (BrokenPipeError, OSError):
-            return
-        view = view[written:]
+            poller = select.poll()
+            poller.register(fd, select.POLLOUT)
+            poller.poll()
+        except BrokenPipeError:
+            return False
+    return True
+
+
+def _report_console_failure(fd: int, error: OSError) -> None:
+    """Say once, on the launcher's stderr, that a console refuses worker output.
+
+    The workers go on: a console that cannot take their text (a full disk, a terminal gone)
+    is no reason to end a run, and the error may pass. What it refused is lost there, hence
+    the notice; when the failing console is stderr itself, the notice is lost with it.
+    """
+    if fd in _failed_consoles:
+        return
+    _failed_consoles.add(fd)
+    name = {1: "stdout", 2: "stderr"}.get(fd, f"fd {fd}")
+    notice = f"xlarun: cannot write worker output to {name}: {error.strerror or error}; output it refuses is lost\n"
+    try:
+        os.write(2, notice.encode())
+    except OSError:
+        pass  # stderr is the only place to say it
 
 
 class StreamRelay:
@@ -130,7 +162,7 @@ class StreamRelay:
             self._file.write(data)
         if not self._prefix and self._console_fd is not None:
             # Unprefixed text passes through at once, so progress bars that never end a line stay live.
-            write_all(self._console_fd, data)
+            self._to_console(self._console_fd, data)
         lines = (self._partial + data).split(b"\n")
         self._partial = lines.pop()
         if len(self._partial) > MAX_PARTIAL_LINE:
@@ -152,7 +184,16 @@ class StreamRelay:
         self.tail.extend(lines[-TAIL_LINES:])
         if self._prefix and self._console_fd is not None:
             prefix = self._prefix
-            write_all(self._console_fd, b"".join(prefix + line + b"\n" for line in lines))
+            self._to_console(self._console_fd, b"".join(prefix + line + b"\n" for line in lines))
+
+    def _to_console(self, fd: int, data: bytes) -> None:
+        """Only a closed reader ends the copy to the console; other failures are reported and it goes on."""
+        try:
+            if not write_all(fd, data):
+                # The reader is gone (``xlarun ... | head``): nothing this worker writes later could reach it.
+                self._console_fd = None
+        except OSError as error:
+            _report_console_failure(fd, error)
 
 
 def read_tail(path: Optional[str], limit: int = TAIL_LINES) -> list[str]:

@@ -13,7 +13,7 @@ import re
 import sys
 from typing import Callable, Optional
 
-from xlarun.exceptions import UsageError
+from xlarun.exceptions import PlanError
 
 RUNTIMES = ("auto", "pjrt", "xrt")
 
@@ -23,10 +23,6 @@ VersionLookup = Callable[[str], Optional[str]]
 FIRST_WITHOUT_XRT = (2, 1)
 FIRST_WITH_CUDA_NAME = (2, 2)
 FIRST_WITHOUT_CUDA = (2, 9)
-
-XRT_DEVICES = ("cuda", "cpu")
-"""Devices whose XRT set-up xlarun knows (torch_xla 2.0's own torchrun support covered GPU;
-XRT on CPU uses the same per-process variables)."""
 
 _LEADING_MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
 
@@ -60,18 +56,16 @@ def major_minor(version: str) -> tuple[int, int]:
     """``(X, Y)`` of a version string such as ``2.9.0``, ``2.1.0+libtpu`` or ``2.10.0a0+git1``."""
     match = _LEADING_MAJOR_MINOR.match(version)
     if not match:
-        raise UsageError(f"cannot read a version number from {version!r}: expected X.Y[.Z...]")
+        raise PlanError(f"cannot read a version number from {version!r}: expected X.Y[.Z...]")
     return int(match.group(1)), int(match.group(2))
 
 
 def resolve_runtime(requested: str, torch_xla_version: str | None) -> str:
-    """Turn ``--runtime`` into ``"pjrt"`` or ``"xrt"``.
+    """Turn the requested runtime into ``"pjrt"`` or ``"xrt"``.
 
     ``auto`` is XRT only for a torch_xla older than 2.1 (2.1 deleted XRT); with no
     torch_xla installed (a dry run, or CPU without XLA) it plans for PJRT.
     """
-    if requested not in RUNTIMES:
-        raise UsageError(f"--runtime {requested!r} is not supported: use one of {', '.join(RUNTIMES)}")
     if requested != "auto":
         return requested
     if torch_xla_version is not None and major_minor(torch_xla_version) < FIRST_WITHOUT_XRT:
@@ -96,42 +90,36 @@ def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices:
               version_of: VersionLookup = installed_version) -> None:
     """Refuse, before anything starts, a plan the installed packages cannot run.
 
-    ``device`` and ``runtime`` are already resolved. Raises :class:`UsageError` with
+    ``device`` and ``runtime`` are already resolved, and :class:`xlarun.runtimes.XlaOptions`
+    has checked that they fit together. Raises :class:`PlanError` with
     one line naming the conflict and what would work.
     """
-    if runtime == "xrt":
-        if device not in XRT_DEVICES:
-            raise UsageError(f"--runtime xrt supports --device {' or '.join(XRT_DEVICES)}, not {device}: "
-                             "use --runtime pjrt")
-        if spmd:
-            raise UsageError("--spmd needs the PJRT runtime: drop --runtime xrt or --spmd")
-
     torch_xla_version = version_of("torch_xla")
     if torch_xla_version is None:
         if needs_torch_xla(device, spmd, virtual_devices) or runtime == "xrt":
-            raise UsageError(f"--device {device}{' --spmd' if spmd else ''} needs torch_xla, "
+            raise PlanError(f"device {device}{' under SPMD' if spmd else ''} needs torch_xla, "
                              "which is not installed in this Python")
         return
     xla = major_minor(torch_xla_version)
 
     torch_version = version_of("torch")
     if torch_version is None:
-        raise UsageError(f"torch_xla {torch_xla_version} needs torch {_version_text(xla)}, "
+        raise PlanError(f"torch_xla {torch_xla_version} needs torch {_version_text(xla)}, "
                          "which is not installed in this Python")
     if major_minor(torch_version) != xla:
-        raise UsageError(f"torch_xla {torch_xla_version} needs torch {_version_text(xla)}.x, "
+        raise PlanError(f"torch_xla {torch_xla_version} needs torch {_version_text(xla)}.x, "
                          f"but torch {torch_version} is installed: install matching releases")
 
     if runtime == "xrt" and xla >= FIRST_WITHOUT_XRT:
-        raise UsageError(f"--runtime xrt needs torch_xla 2.0 or older (2.1 removed XRT), "
-                         f"but torch_xla {torch_xla_version} is installed: use --runtime pjrt")
+        raise PlanError(f"the XRT runtime needs torch_xla 2.0 or older (2.1 removed XRT), "
+                        f"but torch_xla {torch_xla_version} is installed: use the PJRT runtime")
     if device == "cuda":
         if xla >= FIRST_WITHOUT_CUDA:
-            raise UsageError(f"--device cuda needs torch_xla 2.2 to 2.8: torch_xla {torch_xla_version} "
+            raise PlanError(f"device cuda needs torch_xla 2.2 to 2.8: torch_xla {torch_xla_version} "
                              "has no CUDA support (removed in 2.9)")
         if runtime == "pjrt" and xla < FIRST_WITH_CUDA_NAME:
-            raise UsageError(f"--device cuda with PJRT needs torch_xla 2.2 to 2.8, but torch_xla "
-                             f"{torch_xla_version} is installed: upgrade, or use --runtime xrt with 2.0 or older")
+            raise PlanError(f"device cuda under PJRT needs torch_xla 2.2 to 2.8, but torch_xla "
+                            f"{torch_xla_version} is installed: upgrade, or use the XRT runtime with 2.0 or older")
     if device == "neuron" and version_of("libneuronxla") is None:
-        raise UsageError("--device neuron needs the AWS Neuron SDK's libneuronxla package, "
+        raise PlanError("device neuron needs the AWS Neuron SDK's libneuronxla package, "
                          "which is not installed in this Python")

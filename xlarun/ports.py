@@ -1,4 +1,10 @@
-"""Port checks on this host: a free port for ``--standalone``, a taken master port caught early."""
+"""Sockets on this host, for the launcher and the worker alike.
+
+A free port (a standalone run's store, a worker's XRT gRPC server), whether an address is this
+machine's, a taken master port caught before anything starts, the address this host
+shows a peer, and ``host:port`` as sockets and URLs spell it. Imports no torch: the
+launcher starts without it and the worker imports this before torch.
+"""
 
 from __future__ import annotations
 
@@ -6,14 +12,42 @@ import errno
 import socket
 from typing import Optional
 
-from xlarun.exceptions import UsageError
+
+IN_USE = "already in use"
+"""What :func:`port_in_use` answers when something else holds the port."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port nothing listens on now (the kernel's pick), as torchrun's ``localhost:0``."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+    """A port nothing listens on now at ``host`` (the kernel's pick), as torchrun's ``localhost:0``.
+
+    ``host`` is an IPv4 or IPv6 address of this machine.
+    """
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
         return probe.getsockname()[1]
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 address in brackets (``[fe80::1]:62182``)."""
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"
+    return f"{host}:{port}"
+
+
+def address_facing(host: str, port: int) -> str:
+    """This machine's address on the route to ``host``: one that ``host``'s side can reach back.
+
+    Falls back to this machine's fully qualified name when no route is known.
+    """
+    try:
+        family, _, _, _, sockaddr = socket.getaddrinfo(host, port, type=socket.SOCK_DGRAM)[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            # A datagram socket's connect sends nothing; it only picks the route.
+            probe.connect(sockaddr)
+            return probe.getsockname()[0]
+    except OSError:
+        return socket.getfqdn()
 
 
 def is_local_address(host: str) -> bool:
@@ -33,7 +67,11 @@ def is_local_address(host: str) -> bool:
 
 
 def port_in_use(host: str, port: int) -> Optional[str]:
-    """Why ``host:port`` cannot be listened on, or ``None`` when it can."""
+    """Why ``host:port`` cannot be listened on here, or ``None`` when it can.
+
+    :data:`IN_USE` when something else holds the port; otherwise the resolver's or the
+    kernel's reason (an unknown name, an address not on this machine, a privileged port).
+    """
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
@@ -46,16 +84,15 @@ def port_in_use(host: str, port: int) -> Optional[str]:
             probe.bind(address)
         except OSError as error:
             if error.errno == errno.EADDRINUSE:
-                return "already in use"
-            return None
+                return IN_USE
+            return error.strerror or str(error)
     return None
 
 
-def ensure_master_port_free(host: str, port: int) -> None:
-    """Fail with one line, before anything starts, when the master port is taken here."""
-    if port == 0 or not is_local_address(host):
-        return
-    problem = port_in_use(host, port)
-    if problem == "already in use":
-        raise UsageError(f"master port {port} on {host} is already in use: pick another with "
-                         "--master_port PORT, or use --standalone for a free one")
+def taken_here(host: str, port: int) -> bool:
+    """Whether ``host:port`` names this machine and something already listens there.
+
+    Only a taken port counts: another reason not to bind is left to the store, which
+    reports it in its own words. Port 0 (the kernel picks) is never taken.
+    """
+    return port != 0 and is_local_address(host) and port_in_use(host, port) == IN_USE

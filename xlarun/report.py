@@ -2,68 +2,22 @@
 
 The report keeps torchrun's layout so people and log parsers recognise it, without the
 launcher traceback torchrun prints before it. The root cause is the first failure the
-launcher observed; its traceback comes from the worker's error file (``@record``) or,
-failing that, from the last lines it wrote to stderr.
+launcher observed; :class:`~xlarun.failures.FailureRecord` says where each traceback comes from.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import signal
-import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Optional
 
-from xlarun.errorfile import read_error_file
+from xlarun.failures import FailureRecord, signal_name
 from xlarun.supervisor import WorkerResult
 
-NOT_AVAILABLE = "<N/A>"
 MAX_WIDTH = 60
-
-
-@dataclass(frozen=True)
-class FailureRecord:
-    """One failed worker, as it appears in the report; JSON-ready so other nodes can share it."""
-
-    rank: int
-    local_rank: int
-    returncode: int
-    pid: int
-    time: float
-    host: str
-    error_file: str = NOT_AVAILABLE
-    traceback: str = NOT_AVAILABLE
-    node_rank: int = 0
-    nnodes: int = 1
-
-    @property
-    def exit_status(self) -> int:
-        return 128 - self.returncode if self.returncode < 0 else self.returncode
-
-    @classmethod
-    def from_result(cls, result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> "FailureRecord":
-        recorded = read_error_file(result.error_file)
-        returncode = result.returncode if result.returncode is not None else 1
-        if recorded is not None:
-            text = recorded.traceback
-        elif returncode < 0:
-            text = f"Signal {-returncode} ({signal_name(-returncode)}) received by PID {result.pid}"
-        else:
-            text = "\n".join(result.stderr_tail) or NOT_AVAILABLE
-        return cls(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
-                   time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
-                   host=socket.getfqdn(), error_file=result.error_file if recorded else NOT_AVAILABLE,
-                   traceback=text.rstrip("\n"), node_rank=node_rank, nnodes=nnodes)
-
-
-def signal_name(number: int) -> str:
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
 
 
 def format_failure(index: int, failure: FailureRecord) -> str:
@@ -90,7 +44,7 @@ def format_report(name: str, failures: list[FailureRecord]) -> str:
 
 @dataclass
 class RunSummary:
-    """What ``--summary-file`` records for CI scripts."""
+    """What the summary file records for CI scripts."""
 
     run_id: str
     exit_code: int = 0

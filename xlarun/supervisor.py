@@ -58,13 +58,6 @@ class WorkerResult:
     def signal_number(self) -> Optional[int]:
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
 
-    @property
-    def exit_status(self) -> int:
-        """The shell's view: the exit code, or 128+N for death by signal N."""
-        if self.returncode is None:
-            return 1
-        return 128 + self.signal_number if self.signal_number else self.returncode
-
 
 @dataclass
 class GroupOutcome:
@@ -208,10 +201,8 @@ def group_members(pgid: int) -> list[int]:
 def signal_group(pgid: int, number: int) -> None:
     try:
         os.killpg(pgid, number)
-    except ProcessLookupError:
-        pass
-    except PermissionError:
-        pass
+    except (ProcessLookupError, PermissionError):
+        pass  # nothing left in the group that this launcher may signal
 
 
 class WorkerGroup:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional, Protocol
 
+from xlarun.failures import FailureRecord
 from xlarun.ranks import NodeAssignment
-from xlarun.report import FailureRecord
 
 
 class Rendezvous(Protocol):
@@ -36,7 +36,7 @@ class Rendezvous(Protocol):
 class FixedRendezvous:
     """No store, no other node to meet: ranks follow from the flags alone.
 
-    Runs a single node, and plans any node for ``--dry-run``.
+    Runs a single node, and plans any node for a dry run.
     """
 
     def __init__(self, run_id: str, master_addr: str, master_port: int, node_rank: int = 0, nnodes: int = 1):

@@ -45,11 +45,12 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from xlarun.config import DEFAULT_C10D_PORT, LaunchConfig, split_endpoint
+from xlarun.config import DEFAULT_C10D_PORT, LaunchConfig
 from xlarun.exceptions import LaunchError, UsageError
+from xlarun.failures import FailureRecord
+from xlarun.options import flag, split_endpoint
 from xlarun.ports import is_local_address
 from xlarun.ranks import NodeAssignment
-from xlarun.report import FailureRecord
 
 DEFAULT_JOIN_TIMEOUT = 600.0
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
@@ -66,7 +67,7 @@ def conf_seconds(conf: Mapping[str, str], key: str, default: float) -> float:
     except ValueError:
         value = -1.0
     if value <= 0:
-        raise UsageError(f"--rdzv-conf {key}={text!r} is invalid: expected a positive number of seconds")
+        raise UsageError(f"{flag('rdzv_conf')} {key}={text!r} is invalid: expected a positive number of seconds")
     return value
 
 
@@ -79,7 +80,7 @@ def conf_flag(conf: Mapping[str, str], key: str) -> Optional[bool]:
         return True
     if lowered in ("0", "false", "no", "off"):
         return False
-    raise UsageError(f"--rdzv-conf {key}={text!r} is invalid: expected true or false")
+    raise UsageError(f"{flag('rdzv_conf')} {key}={text!r} is invalid: expected true or false")
 
 
 def token_digest(token: str) -> str:
@@ -91,8 +92,12 @@ def serve_store(host: str, port: int, timeout: float) -> tuple[Any, int]:
 
     Returns the store and its port (``port`` 0 picks a free one). The store owns the
     listening socket; dropping the last reference to the store stops the server.
+
+    A socket that cannot be bound raises ``OSError``. A store that fails to start on the
+    socket raises :class:`LaunchError`: torch reports that failure with the type it uses for
+    a lost connection, and this node failing to serve must not read as another node lost.
     """
-    from torch.distributed import TCPStore
+    from torch.distributed import DistNetworkError, TCPStore
 
     family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
     server = socket.socket(family, socket.SOCK_STREAM)
@@ -104,8 +109,11 @@ def serve_store(host: str, port: int, timeout: float) -> tuple[Any, int]:
         server.close()
         raise
     bound_port = server.getsockname()[1]
-    store = TCPStore(host, bound_port, None, True, datetime.timedelta(seconds=timeout), wait_for_workers=False,
-                     multi_tenant=True, master_listen_fd=server.fileno())
+    try:
+        store = TCPStore(host, bound_port, None, True, datetime.timedelta(seconds=timeout), wait_for_workers=False,
+                         multi_tenant=True, master_listen_fd=server.fileno())
+    except DistNetworkError as error:
+        raise LaunchError(f"cannot serve a store on {host}:{bound_port}: {first_line(error)}") from None
     server.detach()
     return store, bound_port
 
@@ -179,12 +187,16 @@ class StoreRendezvous:
 
     @contextlib.contextmanager
     def _store_errors(self) -> Iterator[None]:
-        """A store that stops answering mid-call means its host is gone: one line, not a C++ trace."""
+        """A store that drops the connection mid-call means its host is gone: one line, not a C++ trace.
+
+        torch raises ``DistNetworkError`` for a lost connection (reset, closed, failed send or
+        receive). Every other error keeps its own type and message: a bug is not a lost node.
+        """
+        from torch.distributed import DistNetworkError
+
         try:
             yield
-        except RuntimeError as error:
-            if self._store is None and not self._store_host:
-                raise
+        except DistNetworkError as error:
             raise LaunchError(self._lost or self._store_lost(error)) from None
 
     def _store_lost(self, error: BaseException) -> str:
@@ -215,7 +227,7 @@ class StoreRendezvous:
     def _worker_store(self, attempt: int) -> tuple[str, int]:
         """Where the workers' store is (MASTER_ADDR, MASTER_PORT) for ``attempt``.
 
-        Static: the job's store at ``--master_addr:--master_port`` on the first attempt, as
+        Static: the job's store at the master address and port on the first attempt, as
         torchrun. c10d: a store served by the agent of node rank 0, at its own address, as
         torchrun, so MASTER_ADDR (and the XLA coordinator derived from it) is where global
         rank 0 runs. Every restart gets a fresh store: torch's ``env://`` reuses an agent
@@ -236,7 +248,8 @@ class StoreRendezvous:
         return host, int(port)
 
     def _own_address(self) -> str:
-        """This node's address as the other nodes reach it: ``--local_addr``, else the one routing to the store."""
+        """This node's address as the other nodes reach it: the local address given, else the one routing
+        to the store."""
         if self._config.local_addr:
             return self._config.local_addr
         family = socket.getaddrinfo(self._store_host, self._store_port, type=socket.SOCK_DGRAM)[0][0]
@@ -251,25 +264,29 @@ class StoreRendezvous:
             self._join_c10d()
         self._status.clear()
 
-    def _open_store(self, host: str, port: int, serve: bool, explicit_host: bool) -> bool:
-        """Serve or reach the job's store; returns whether this agent serves it."""
+    def _open_store(self, host: str, port: int, serve: bool, explicit_host: bool) -> None:
+        """Serve or reach the job's store.
+
+        A port this host cannot bind means another agent here serves the store, so this one
+        reaches it instead; not so when this host was named to serve it (``explicit_host``).
+        """
         if serve:
             try:
                 self._store, _ = serve_store(host, port, self._join_timeout)
             except OSError as error:
                 if explicit_host:
                     raise UsageError(f"cannot serve the rendezvous store on {host}:{port}: {error.strerror}; "
-                                     "pick a free port (--master_port or --rdzv_endpoint host:PORT)") from None
+                                     f"pick a free port ({flag('master_port')} or {flag('rdzv_endpoint')} "
+                                     "host:PORT)") from None
                 serve = False
         if not serve:
             self._store = self._connect_client(host, port)
         self._serving = serve
         self._store_host, self._store_port = host, port
         self._check_job()
-        return serve
 
     def _connect_client(self, host: str, port: int) -> Any:
-        from torch.distributed import TCPStore
+        from torch.distributed import DistNetworkError, TCPStore
 
         deadline = time.monotonic() + self._join_timeout
         started = time.monotonic()
@@ -277,7 +294,7 @@ class StoreRendezvous:
             try:
                 return TCPStore(host, port, None, False, datetime.timedelta(seconds=min(10.0, self._join_timeout)),
                                 wait_for_workers=False)
-            except (RuntimeError, TimeoutError, ValueError) as error:
+            except DistNetworkError as error:  # refused, timed out, unresolvable host, not a store
                 if time.monotonic() >= deadline:
                     raise LaunchError(f"cannot reach the rendezvous store at {host}:{port} after "
                                       f"{self._join_timeout:.0f} s ({first_line(error)}): is node 0's agent "
@@ -312,7 +329,8 @@ class StoreRendezvous:
             reason = f"this node's rendezvous token does not match the job's at {self._store_host}:{self._store_port}"
         self._store.set("xlarun/refused/last", f"{socket.gethostname()} (pid {os.getpid()}): {reason}")
         self._store.add("xlarun/refused", 1)
-        raise LaunchError(f"refused: {reason} (check --rdzv_id and --rdzv_conf token / XLARUN_RDZV_TOKEN)")
+        raise LaunchError(f"refused: {reason} (check {flag('rdzv_id')} and {flag('rdzv_conf')} token "
+                          "/ XLARUN_RDZV_TOKEN)")
 
     def _join_static(self) -> None:
         config = self._config
@@ -320,14 +338,14 @@ class StoreRendezvous:
         host, port = config.master_addr, config.master_port
         serves = self._node_rank == 0
         if serves and not is_local_address(host):
-            raise UsageError(f"node 0 serves the store at --master_addr {host}, which is not an address of "
+            raise UsageError(f"node 0 serves the store at {flag('master_addr')} {host}, which is not an address of "
                              "this host: give this host's address")
         self._open_store(host, port, serve=serves, explicit_host=True)
         self._store_node = 0
         claimed = self._store.compare_set(self._key("joined", self._node_rank), "", str(os.getpid())).decode()
         if claimed != str(os.getpid()):
             raise LaunchError(f"node rank {self._node_rank} already joined run {self._run_id!r}: "
-                              "give each node its own --node_rank")
+                              f"give each node its own {flag('node_rank')}")
         self._joined = True
         self._wait_for_nodes("joined", "waiting for nodes", reached="joined")
 
@@ -366,7 +384,7 @@ class StoreRendezvous:
             arrived = int(self._store.add(self._key("arrived"), 0))
             raise LaunchError(f"{arrived} of {config.min_nodes} nodes joined in {self._join_timeout:.0f} s at "
                               f"{host}:{port} (run id {self._run_id!r}): start the missing nodes with the "
-                              "same --rdzv_endpoint and --rdzv_id") from None
+                              f"same {flag('rdzv_endpoint')} and {flag('rdzv_id')}") from None
         except RendezvousError as error:
             detail = first_line(error) or type(error).__name__
             raise LaunchError(f"rendezvous at {host}:{port} failed: {detail}") from None
@@ -417,13 +435,17 @@ class StoreRendezvous:
             self._stop = stop
 
     def publish_failure(self, failure: FailureRecord) -> None:
-        with contextlib.suppress(RuntimeError):  # the store's host is gone: the watcher reports that
+        from torch.distributed import DistNetworkError
+
+        with contextlib.suppress(DistNetworkError):  # the store's host is gone: the watcher reports that
             self._store.compare_set(self._key(f"attempt_{self._attempt}", "failure"), "",
                                     json.dumps(dataclasses.asdict(failure)))
 
     def first_failure(self) -> Optional[FailureRecord]:
+        from torch.distributed import DistNetworkError
+
         key = self._key(f"attempt_{self._attempt}", "failure")
-        with contextlib.suppress(RuntimeError):
+        with contextlib.suppress(DistNetworkError):  # the store's host is gone: the watcher reports that
             if self._store.check([key]):
                 return FailureRecord(**json.loads(self._store.get(key)))
         return None
@@ -466,6 +488,8 @@ class StoreRendezvous:
             time.sleep(0.05)
 
     def close(self) -> None:
+        from torch.distributed import DistNetworkError
+
         if self._store is None:
             return
         try:
@@ -480,15 +504,15 @@ class StoreRendezvous:
                     if all(self._store.check([key]) for key in keys):
                         break
                     time.sleep(0.05)
-        except RuntimeError:
-            pass
+        except DistNetworkError:
+            pass  # the store's host is gone: there is no one left to tell or wait for
         self._closed.set()
         self._store = self._worker_store_server = None
 
     # -- watching the other nodes -------------------------------------------------------------
 
     def _watch_loop(self) -> None:
-        from torch.distributed import TCPStore
+        from torch.distributed import DistNetworkError, TCPStore
 
         # A connection of its own: TCPStore clients are not meant to be shared across threads.
         store = TCPStore(self._store_host, self._store_port, None, False,
@@ -496,7 +520,7 @@ class StoreRendezvous:
         while not self._closed.wait(WATCH_INTERVAL):
             try:
                 problem = self._check_nodes(store)
-            except RuntimeError as error:
+            except DistNetworkError as error:
                 problem = self._store_lost(error)
             if problem:
                 self._lost = problem

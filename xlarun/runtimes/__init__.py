@@ -19,13 +19,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Dict, Mapping
 
-from xlarun.exceptions import UsageError
+from xlarun.exceptions import PlanError
+from xlarun.ports import host_port
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import cpu, cuda, neuron, pjrt, tpu, xrt
 from xlarun.runtimes.tpu import TpuTopology
-
-RESOLVED_DEVICES = ("tpu", "neuron", "cuda", "cpu", "xpu")
-RESOLVED_RUNTIMES = ("pjrt", "xrt")
 
 UNPRIVILEGED_PORTS = (1024, 65535)
 _PORT_RANGE_SIZE = UNPRIVILEGED_PORTS[1] - UNPRIVILEGED_PORTS[0] + 1
@@ -45,7 +43,7 @@ _PJRT_DEVICE_ENV: Mapping[str, _DeviceEnv] = {
 def coordinator_port(master_port: int, override: int | None = None) -> int:
     """The port of the job's XLA coordinator (Neuron root, XLA:GPU coordinator, XRT mesh).
 
-    ``override`` (``--coordinator-port``) when given; it only has to differ from
+    ``override`` (the user's coordinator port) when given; it only has to differ from
     ``master_port``, which may then be one the launcher has not picked yet (0, as a
     standalone dry run plans it). Otherwise MASTER_PORT moved half
     the unprivileged range (1024-65535) along it, wrapping around:
@@ -57,18 +55,11 @@ def coordinator_port(master_port: int, override: int | None = None) -> int:
     """
     if override is not None:
         if override == master_port:
-            raise UsageError(f"--coordinator-port {override} is the master port: choose another port")
+            raise PlanError(f"coordinator port {override} is the master port: choose another port")
         return override
     if not 1 <= master_port <= UNPRIVILEGED_PORTS[1]:
-        raise UsageError(f"master port {master_port} is not a TCP port: use 1-65535")
+        raise PlanError(f"master port {master_port} is not a TCP port: use 1-65535")
     return UNPRIVILEGED_PORTS[0] + (master_port - UNPRIVILEGED_PORTS[0] + COORDINATOR_PORT_SHIFT) % _PORT_RANGE_SIZE
-
-
-def host_port(host: str, port: int) -> str:
-    """``host:port``, with an IPv6 address in brackets (``[fe80::1]:62182``)."""
-    if ":" in host and not host.startswith("["):
-        host = f"[{host}]"
-    return f"{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -90,19 +81,10 @@ class XlaOptions:
     tpu_topology: TpuTopology | None = None
 
     def __post_init__(self) -> None:
-        if self.device not in RESOLVED_DEVICES:
-            raise UsageError(f"device {self.device!r} is not resolved: use one of {', '.join(RESOLVED_DEVICES)}")
-        if self.runtime not in RESOLVED_RUNTIMES:
-            raise UsageError(f"runtime {self.runtime!r} is not resolved: use one of {', '.join(RESOLVED_RUNTIMES)}")
-        if self.virtual_devices is not None:
-            if self.device != "cpu":
-                raise UsageError(f"--virtual-devices applies to --device cpu only, not {self.device}")
-            if self.virtual_devices < 1:
-                raise UsageError(f"--virtual-devices {self.virtual_devices} must be a positive number of devices")
-        if self.coordinator_port is not None and not 1 <= self.coordinator_port <= UNPRIVILEGED_PORTS[1]:
-            raise UsageError(f"--coordinator-port {self.coordinator_port} is not a TCP port: use 1-65535")
+        if self.virtual_devices is not None and self.device != "cpu":
+            raise PlanError(f"virtual devices exist on the cpu device only, not on {self.device}")
         if self.spmd and self.runtime == "xrt":
-            raise UsageError("--spmd needs the PJRT runtime: drop --runtime xrt or --spmd")
+            raise PlanError("SPMD needs the PJRT runtime, not XRT")
 
     def coordinator_port_for(self, node: NodeAssignment) -> int:
         return coordinator_port(node.master_port, self.coordinator_port)
@@ -116,19 +98,14 @@ def xla_env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[
     """Every variable xlarun adds to one worker's environment for XLA.
 
     torchrun's own variables are not included; the launcher adds them. Raises
-    :class:`UsageError` for a plan the device cannot run (e.g. SPMD with several
-    processes per node) and for a ``--coordinator-port`` equal to the master port.
+    :class:`PlanError` for a plan the device cannot run (e.g. more TPU processes than
+    chips) and for a coordinator port equal to the master port.
     """
-    if not 0 <= local_rank < node.local_world_size:
-        raise ValueError(f"local rank {local_rank} is outside 0..{node.local_world_size - 1}")
     if options.coordinator_port is not None:
         # An override equal to MASTER_PORT is refused on every device, also on those
         # that have no coordinator (cpu, xpu, tpu): the same flags must not be accepted
         # on one device and refused on another.
         options.coordinator_port_for(node)
-    if options.spmd and node.local_world_size != 1:
-        raise UsageError(f"--spmd runs one process per node that sees every local device, "
-                         f"not --nproc-per-node {node.local_world_size}")
     if options.runtime == "xrt":
         return xrt.env(options, node, local_rank)
     variables = pjrt.env(options, node, local_rank)

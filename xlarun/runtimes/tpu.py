@@ -31,7 +31,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
-from xlarun.exceptions import UsageError
+from xlarun.exceptions import PlanError
 
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
@@ -72,7 +72,7 @@ class TpuTopology:
         for name in ("host_bounds", "chips_per_host_bounds"):
             value = getattr(self, name)
             if not _BOUNDS.match(value) or 0 in _dims(value):
-                raise UsageError(f"TPU {name.replace('_', ' ')} {value!r} must be three positive integers like 2,2,1")
+                raise PlanError(f"TPU {name.replace('_', ' ')} {value!r} must be three positive integers like 2,2,1")
 
     @property
     def chips_per_host(self) -> int:
@@ -120,7 +120,7 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
     shape = options.tpu_topology
     if options.spmd:
         if shape is None:
-            raise UsageError("--spmd on TPU needs the slice topology: set TPU_HOST_BOUNDS and "
+            raise PlanError("SPMD on TPU needs the slice topology: set TPU_HOST_BOUNDS and "
                              "TPU_CHIPS_PER_HOST_BOUNDS (the slice's tpu-env metadata values)")
         return {
             "TPU_VISIBLE_CHIPS": ",".join(str(chip) for chip in range(shape.chips_per_host)),
@@ -128,15 +128,13 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
             "TPU_PROCESS_BOUNDS": shape.host_bounds,
         }
     if shape is not None and node.local_world_size > shape.chips_per_host:
-        raise UsageError(f"--nproc-per-node {node.local_world_size} exceeds the {shape.chips_per_host} "
-                         "TPU chips of a host: TPU runs at most one process per chip")
+        raise PlanError(f"{node.local_world_size} processes per host: that exceeds the {shape.chips_per_host} "
+                        "TPU chips of a host, and TPU runs at most one process per chip")
     variables = {
         "TPU_VISIBLE_CHIPS": str(local_rank),
         "TPU_PROCESS_PORT": str(BASE_PROCESS_PORT + local_rank),
     }
-    presets_bounds = (shape is not None and node.local_world_size > 1
-                      and shape.generation not in GENERATIONS_WITH_CORE_BOUNDS)
-    if presets_bounds:
+    if shape is not None and node.local_world_size > 1 and shape.generation not in GENERATIONS_WITH_CORE_BOUNDS:
         # Both or neither: under TPU_SKIP_MDS_QUERY torch_xla reads a preset
         # TPU_CHIPS_PER_PROCESS_BOUNDS in place of the host's chip bounds, so
         # presetting it alone would shrink the process bounds torch_xla derives.

@@ -5,8 +5,8 @@ one entry per worker, ``XRT_WORKERS`` and ``XRT_DEVICE_MAP``. In the environment
 grow with the world until Linux refuses to start the worker (one variable may not
 exceed 128 KiB), so the launcher gives each worker only its own values, and the
 worker builds the lists itself through the store at ``MASTER_ADDR:MASTER_PORT``
-before its runtime starts (``xlarun.xrt``). ``XRT_MULTI_PROCESSING_DEVICE`` is what
-marks a worker as needing that.
+before its runtime starts (:mod:`xlarun.worker.xrt`). ``XRT_MULTI_PROCESSING_DEVICE``
+is what marks a worker as needing that.
 
 ``XRT_MESH_SERVICE_ADDRESS`` is the one compact address: the mesh service that
 global rank 0 serves (it also hands out the NCCL unique id on GPU), at the master
@@ -17,23 +17,20 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from xlarun.exceptions import UsageError
+from xlarun.exceptions import PlanError
+from xlarun.xrtnames import XRT_DEVICE_KINDS, XRT_TASK_JOB
 
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions
-
-XRT_TASK_JOB = "localservice"
-XRT_DEVICE_KINDS = {"cuda": "GPU", "cpu": "CPU"}
-"""XRT's device kind for each device xlarun runs under XRT."""
 
 
 def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
     """XRT variables for one worker; no ``PJRT_*`` (in torch_xla 2.0 ``PJRT_DEVICE`` selects PJRT)."""
     kind = XRT_DEVICE_KINDS.get(options.device)
     if kind is None:
-        raise UsageError(f"--runtime xrt supports --device {' or '.join(XRT_DEVICE_KINDS)}, "
-                         f"not {options.device}: use --runtime pjrt")
+        raise PlanError(f"the XRT runtime runs on device {' or '.join(XRT_DEVICE_KINDS)}, "
+                        f"not {options.device}: use the PJRT runtime")
     rank = node.global_rank(local_rank)
     return {
         "XRT_LOCAL_WORKER": f"{XRT_TASK_JOB}:{rank}",

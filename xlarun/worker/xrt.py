@@ -23,16 +23,13 @@ rank 0 alone reads every address, so the store sees O(world) operations.
 from __future__ import annotations
 
 import os
-import socket
 from typing import TYPE_CHECKING, MutableMapping, Sequence
+
+from xlarun.ports import address_facing, free_port, host_port
+from xlarun.xrtnames import XRT_DEVICE_KINDS, XRT_TASK_JOB
 
 if TYPE_CHECKING:
     import torch.distributed
-
-XRT_TASK_JOB = "localservice"
-LIST_KINDS = ("GPU", "CPU")
-"""Device kinds whose XRT workers are described by the two lists; TPU and Neuron
-use ``XRT_TPU_CONFIG`` instead."""
 
 KEY_PREFIX = "xlarun/xrt"
 JOINED_WORKERS_KEY = "workers"
@@ -55,8 +52,9 @@ def format_xrt_device_map(world_size: int, device: str) -> str:
     ``GPU:0;/job:localservice/replica:0/task:0/device:XLA_GPU:0|GPU:1;...``.
     """
     kind = device.upper()
-    if kind not in LIST_KINDS:
-        raise ValueError(f"XRT device map is built for {' and '.join(LIST_KINDS)} workers, not {device!r}")
+    if kind not in XRT_DEVICE_KINDS.values():
+        raise ValueError(f"XRT device map is built for {' and '.join(XRT_DEVICE_KINDS.values())} workers, "
+                         f"not {device!r}")
     return "|".join(f"{kind}:{task};/job:{XRT_TASK_JOB}/replica:0/task:{task}/device:XLA_{kind}:0"
                     for task in range(world_size))
 
@@ -74,8 +72,7 @@ def exchange_xrt_topology(store: "torch.distributed.Store", rank: int, world_siz
     ``device``; each call blocks until all ranks have published (the store's
     timeout bounds the wait). All ranks return identical lists.
     """
-    own = f"{_bracket_ipv6(host)}:{port}"
-    store.set(_address_key(rank), own)
+    store.set(_address_key(rank), host_port(host, port))
     if rank == 0:
         addresses = [store.get(_address_key(peer)).decode() for peer in range(world_size)]
         store.set(JOINED_WORKERS_KEY, format_xrt_workers(addresses))
@@ -101,7 +98,7 @@ def needs_xrt_lists(environ: MutableMapping[str, str]) -> bool:
     user set are kept (see :func:`configure_xrt_worker`).
     """
     mp_device = environ.get("XRT_MULTI_PROCESSING_DEVICE")
-    if mp_device is None or device_kind(mp_device) not in LIST_KINDS:
+    if mp_device is None or device_kind(mp_device) not in XRT_DEVICE_KINDS.values():
         return False
     return "XRT_WORKERS" not in environ or "XRT_DEVICE_MAP" not in environ
 
@@ -131,9 +128,9 @@ def configure_xrt_worker(environ: MutableMapping[str, str] | None = None) -> "to
 
     import torch.distributed as dist
 
-    host = _address_facing(master_addr, master_port)
+    host = address_facing(master_addr, master_port)
     lists = exchange_xrt_topology(dist.PrefixStore(KEY_PREFIX, store), rank, world_size,
-                                  host, _free_port(host),
+                                  host, free_port(host),
                                   device_kind(environ["XRT_MULTI_PROCESSING_DEVICE"]))
     for name, value in lists.items():
         environ.setdefault(name, value)
@@ -153,28 +150,5 @@ def _open_store(master_addr: str, master_port: int, rank: int, world_size: int, 
                          multi_tenant=True)
 
 
-def _address_facing(master_addr: str, master_port: int) -> str:
-    """This host's address on the route to the master: one the other workers can reach."""
-    try:
-        family, _, _, _, sockaddr = socket.getaddrinfo(master_addr, master_port, type=socket.SOCK_DGRAM)[0]
-        with socket.socket(family, socket.SOCK_DGRAM) as probe:
-            # A datagram socket's connect sends nothing; it only picks the route.
-            probe.connect(sockaddr)
-            return probe.getsockname()[0]
-    except OSError:
-        return socket.getfqdn()
-
-
-def _free_port(host: str) -> int:
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
-
-
 def _address_key(rank: int) -> str:
     return f"address/{rank}"
-
-
-def _bracket_ipv6(host: str) -> str:
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host

@@ -1,7 +1,8 @@
 """Worker-side helpers: join the process group without silently splitting the world.
 
-Importing this module imports neither torch nor torch_xla; the functions that
-need them import them when called.
+Everything under :mod:`xlarun.worker` runs inside the workers; the launcher runs none
+of it. Importing it imports neither torch nor torch_xla; the functions that need them
+import them when called.
 """
 
 from __future__ import annotations
@@ -9,8 +10,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from xlarun import xrt
-from xlarun.workerenv import LAUNCHED_MARKER
+from xlarun.plan import LAUNCHED_MARKER
+from xlarun.worker import xrt
 
 TORCH_VIEW = "torch.distributed"
 RUNTIME_VIEW = "the XLA runtime"
@@ -94,18 +95,21 @@ def describe_split(rank: int, world_size: int, views: Mapping[str, tuple[int, in
 
     ``views`` maps a name (``torch.distributed``, ``the XLA runtime``) to what it reports.
     """
+    # Loaded only to word a refusal: a worker that starts well never reads the option table.
+    from xlarun.options import flag
+
     for name, (seen_rank, seen_world) in views.items():
         if (seen_rank, seen_world) == (rank, world_size):
             continue
         if device == "CPU" and name == RUNTIME_VIEW and seen_world == 1 and world_size > 1:
             return (f"PJRT's CPU client has no cross-process collectives: each of the {world_size} "
-                    f"processes would train alone as rank 0 of 1; use --spmd --virtual-devices K "
+                    f"processes would train alone as rank 0 of 1; use {flag('spmd')} {flag('virtual_devices')} K "
                     f"(one process, K devices) or the gloo backend with CPU tensors")
         cause = (f"the launcher set RANK={rank} WORLD_SIZE={world_size} but {name} reports "
                  f"rank {seen_rank} of {seen_world}")
         if spmd:
             return (f"{cause}: under SPMD each node runs one process that sees all its devices; "
-                    f"launch with --spmd")
+                    f"launch with {flag('spmd')}")
         return (f"{cause}: the workers do not form one XLA world; check that PJRT_DEVICE and the "
                 f"device's topology variables are those the launcher set")
     return None
@@ -137,7 +141,8 @@ def _runtime_view(spmd: bool) -> tuple[int, int]:
         # torch_xla before 2.1 keeps these in xla_model.
         import torch_xla.core.xla_model as xm
 
-        return xm.get_ordinal(), xm.xrt_world_size()
+        # Names of torch_xla 2.0 and older, absent from the release these annotations are checked against.
+        return xm.get_ordinal(), xm.xrt_world_size()  # type: ignore[attr-defined]
     if spmd:
         return xr.process_index(), xr.process_count()
     return xr.global_ordinal(), xr.world_size()
