@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, XLARUN, clean_env, run_xlarun, worker
+from conftest import PYTHON, XLARUN, clean_env, plan, run_xlarun, worker
 
 # torchrun 2.9's flags (first spelling as its --help shows it), in its order.
 TORCHRUN_FLAGS = [
@@ -21,12 +21,6 @@ TORCHRUN_FLAGS = [
     "--master-addr", "--master-port", "--local-addr", "--logs-specs", "--numa-binding",
 ]
 XLARUN_OWN_FLAGS = ["--dry-run", "--kill-timeout", "--summary-file"]
-
-
-def plan(*args: object, env: dict[str, str] | None = None) -> dict:
-    result = run_xlarun("--dry-run", *map(str, args), env=env)
-    assert result.returncode == 0, result.stderr
-    return json.loads(result.stdout)
 
 
 def first_env(document: dict) -> dict[str, str]:

@@ -12,6 +12,8 @@ import pytest
 from xlarun import devices
 from xlarun.exceptions import UsageError
 
+pytestmark = pytest.mark.unit
+
 HOSTS = Path(__file__).parent / "fixtures" / "hosts"
 
 

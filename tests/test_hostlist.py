@@ -11,6 +11,8 @@ import pytest
 from xlarun.exceptions import UsageError
 from xlarun.hostlist import MAX_HOSTS_PER_RANGE, expand_hostlist, first_host
 
+pytestmark = pytest.mark.unit
+
 # What Slurm 22.05's `scontrol show hostnames` prints for each list.
 SLURM_EXPANSIONS = [
     ("trn001", ["trn001"]),

@@ -18,6 +18,8 @@ from xlarun.exceptions import UsageError
 from xlarun.launch import PreparedLaunch, prepare_launch
 from xlarun.options import OPTIONS, OPTIONS_BY_DEST, TORCHRUN, NprocRequest, read_options
 
+pytestmark = pytest.mark.unit
+
 HOST = {"XLARUN_HOST_ROOT": str(CPU_HOST)}
 
 
