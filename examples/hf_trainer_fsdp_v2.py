@@ -38,8 +38,8 @@ import torch_xla
 import torch_xla.runtime as xr
 from transformers import LlamaConfig, LlamaForCausalLM, Trainer, TrainingArguments
 
-# FSDPv2 needs SPMD switched on before any XLA tensor exists. xlarun --spmd already sets
-# XLA_USE_SPMD=1; the call keeps the script correct under any launcher.
+# FSDPv2 needs SPMD switched on before any XLA tensor exists. torch_xla 2.1 and later expect
+# this call rather than XLA_USE_SPMD=1 (which xlarun sets on Neuron only, where import reads it).
 if not xr.is_spmd():
     xr.use_spmd()
 

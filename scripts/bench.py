@@ -4,6 +4,8 @@
 Usage::
 
     .venv/bin/python scripts/bench.py [--repeat 5] [--quick] [--markdown-out FILE] [--bin-dir DIR]
+    .venv/bin/python scripts/bench.py --pod-scale [--nodes 8,64,512,2048] [--window 10]
+    .venv/bin/python scripts/bench.py --agent-cpu [--cpu-run 20]
 
 Both launchers run in one session, interleaved (xlarun, torchrun, xlarun, torchrun, ...),
 ``--repeat`` times per measure, each on a fresh free port (``--standalone``) with its own
@@ -27,17 +29,33 @@ log directory. Measures:
   prefix.
 
 Medians (and the min-max range) are reported with the ratio torchrun / xlarun.
+
+``--pod-scale`` prints its own table instead: xlarun's multi-node rendezvous, the real
+code, for N simulated nodes (threads of this process, each with its own store connections)
+against one real TCPStore that node 0 serves, at N = 8, 64, 512 and 2048. Per N: the time
+to join, the store requests per second while the workers run (counted on every connection),
+a restart round, the time until a silent node is noticed and until every node is stopped,
+and the time from a worker failure until every node is stopped.
+
+``--agent-cpu`` runs real agents on loopback (static, one sleeping worker per node) with
+2 and then 24 nodes and compares the CPU time of node 0's agent, which serves the store.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import dataclasses
+import io
 import os
 import platform
+import resource
+import socket
 import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -379,6 +397,273 @@ def damaged_lines(console: bytes, workers: int, lines_per_worker: int) -> int:
     return workers * lines_per_worker - intact
 
 
+# --- pod scale: the real rendezvous for N simulated nodes against one real store ----------------
+
+POD_NODES = (8, 64, 512, 2048)
+POD_WINDOW_S = 10.0
+POD_JOIN_GOAL_S = 10.0
+# One interval of slack for the monitor's read and one for the silent agent's last beat.
+POD_NOTICE_SLACK_S = 1.0
+
+
+class CountingClient:
+    """A store connection that counts the requests made through it; once muted, every call fails.
+
+    Muting a node's connections makes it silent, as an agent whose host hung: its
+    heartbeat thread stops at its next beat.
+    """
+
+    def __init__(self, inner: object):
+        self._inner = inner
+        self.calls = 0
+        self.muted = False
+
+    def __getattr__(self, name: str) -> Callable[..., object]:
+        method = getattr(self._inner, name)
+
+        def call(*args: object, **kwargs: object) -> object:
+            if self.muted:
+                raise ConnectionError("this simulated node went silent")
+            self.calls += 1
+            return method(*args, **kwargs)
+
+        return call
+
+
+class SimNode:
+    """One simulated node: the real rendezvous of an agent, with connections this benchmark can count."""
+
+    def __init__(self, config: object, environ: dict[str, str]):
+        from xlarun.rendezvous.distributed import StoreRendezvous
+        from xlarun.rendezvous.store import tcp_client
+
+        self.clients: list[CountingClient] = []
+
+        def connect(host: str, port: int, timeout: float) -> CountingClient:
+            client = CountingClient(tcp_client(host, port, timeout))
+            self.clients.append(client)
+            return client
+
+        self.rendezvous = StoreRendezvous(config, environ, connect)  # type: ignore[arg-type]
+        self.stopped_at: Optional[float] = None
+
+    def stop(self, reason: str) -> None:
+        if self.stopped_at is None:
+            self.stopped_at = time.monotonic()
+
+    def calls(self) -> int:
+        return sum(client.calls for client in self.clients)
+
+
+@dataclass
+class PodSample:
+    nodes: int
+    join_s: float
+    restart_s: float
+    requests_per_s: float
+    notice_s: float
+    silent_stop_s: float
+    failure_stop_s: float
+
+
+def in_threads(nodes: list[SimNode], call: Callable[[SimNode], object]) -> float:
+    """Run ``call`` for every node at once, one thread each; seconds until the last returned."""
+    errors: list[BaseException] = []
+
+    def run(node: SimNode) -> None:
+        try:
+            call(node)
+        except BaseException as error:  # re-raised below, in the benchmark's thread
+            errors.append(error)
+
+    threads = [threading.Thread(target=run, args=(node,), daemon=True) for node in nodes]
+    started = time.monotonic()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        raise BenchError(f"a simulated node failed: {type(errors[0]).__name__}: {errors[0]}")
+    return time.monotonic() - started
+
+
+def wait_until_stopped(nodes: list[SimNode], since: float, limit_s: float = 120.0) -> tuple[float, float]:
+    """Seconds from ``since`` until the first and the last of ``nodes`` was told to stop its workers."""
+    deadline = time.monotonic() + limit_s
+    while any(node.stopped_at is None for node in nodes):
+        if time.monotonic() > deadline:
+            raise BenchError(f"{sum(node.stopped_at is None for node in nodes)} simulated nodes never stopped")
+        time.sleep(0.002)
+    stops = [node.stopped_at - since for node in nodes if node.stopped_at is not None]
+    return min(stops), max(stops)
+
+
+def simulate_pod(count: int, window_s: float) -> PodSample:
+    """One static job of ``count`` simulated nodes, one worker each, in this process.
+
+    Every node runs xlarun's rendezvous with its own connections, against the one store that
+    node 0 serves, as agents on ``count`` hosts would. Measures, in order: joining; store
+    requests per second while the workers run (every call of every node's connections,
+    heartbeats and the monitor included; node 0 calls its own server without a connection
+    during joining, so joining is not what is counted); one node's worker failure until every
+    node is told to stop; a restart round (every node seated for attempt 1); one node falling
+    silent until the first other node is told (the monitor noticed) and until every node is.
+    """
+    from xlarun.config import LaunchConfig, WorkerCommand
+    from xlarun.failures import FailureRecord
+
+    port = free_port()
+    config = LaunchConfig(command=WorkerCommand("simulated", ()), min_nodes=count, max_nodes=count,
+                          master_addr="127.0.0.1", master_port=port, rdzv_id=f"pod-{count}",
+                          rdzv_conf={"join_timeout": "600"})
+    # The rendezvous draws status lines only on a terminal: none for thousands of simulated nodes.
+    with contextlib.redirect_stderr(io.StringIO()):
+        nodes = [SimNode(dataclasses.replace(config, node_rank=rank), {}) for rank in range(count)]
+    host = threading.Thread(target=lambda: nodes[0].rendezvous.assign(0, 1), daemon=True)
+    host.start()
+    wait_for_port("127.0.0.1", port)
+    join_s = in_threads(nodes[1:], lambda node: node.rendezvous.assign(0, 1))
+    host.join()
+    for node in nodes:
+        node.rendezvous.watch(node.stop)
+
+    before = sum(node.calls() for node in nodes)
+    time.sleep(window_s)
+    requests_per_s = (sum(node.calls() for node in nodes) - before) / window_s
+
+    failing = nodes[-1]
+    failed_at = time.monotonic()
+    failing.rendezvous.publish_failure(FailureRecord(rank=count - 1, local_rank=0, returncode=1, pid=0,
+                                                     time=time.time(), host="simulated", node_rank=count - 1,
+                                                     nnodes=count))
+    _, failure_stop_s = wait_until_stopped(nodes, failed_at)
+    in_threads(nodes, lambda node: node.rendezvous.finish_attempt(False))
+
+    for node in nodes:
+        node.stopped_at = None
+    restart_s = in_threads(nodes, lambda node: node.rendezvous.assign(1, 1))
+    for node in nodes:
+        node.rendezvous.watch(node.stop)
+    silent, live = nodes[-1], nodes[:-1]
+    silenced_at = time.monotonic()
+    for client in silent.clients:
+        client.muted = True
+    notice_s, silent_stop_s = wait_until_stopped(live, silenced_at)
+    in_threads(live, lambda node: node.rendezvous.finish_attempt(False))
+    in_threads(live, lambda node: node.rendezvous.close())
+    return PodSample(count, join_s, restart_s, requests_per_s, notice_s, silent_stop_s, failure_stop_s)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def wait_for_port(host: str, port: int, limit_s: float = 60.0) -> None:
+    deadline = time.monotonic() + limit_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=1):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise BenchError(f"nothing listens on {host}:{port} after {limit_s:.0f} s") from None
+            time.sleep(0.01)
+
+
+def raise_open_file_limit() -> None:
+    """Every simulated node holds a few connections, and the server in this process their other ends."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != hard:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+def pod_table(samples: list[PodSample]) -> list[str]:
+    from xlarun.rendezvous.store import DEFAULT_HEARTBEAT_TIMEOUT
+
+    notice_goal = DEFAULT_HEARTBEAT_TIMEOUT + POD_NOTICE_SLACK_S
+    rows = [
+        "| nodes | join (s) | restart round (s) | store requests/s while running | per node per s "
+        f"| silent node noticed (s, goal ≤ {notice_goal:.0f}) | silence → every node stopped (s) "
+        "| failure → every node stopped (ms) |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for sample in samples:
+        rows.append(f"| {sample.nodes} | {sample.join_s:.2f} | {sample.restart_s:.2f} | {sample.requests_per_s:.0f} "
+                    f"| {sample.requests_per_s / sample.nodes:.2f} | {sample.notice_s:.2f} "
+                    f"| {sample.silent_stop_s:.2f} | {sample.failure_stop_s * 1000:.0f} |")
+    largest = max(samples, key=lambda sample: sample.nodes)
+    rates = [sample.requests_per_s / sample.nodes for sample in samples]
+    rows += ["", f"Goals: {largest.nodes} nodes join in under {POD_JOIN_GOAL_S:.0f} s: "
+                 f"{'met' if largest.join_s < POD_JOIN_GOAL_S else 'not met'}; requests per node per second "
+                 f"from {min(rates):.2f} to {max(rates):.2f} across node counts; a silent node noticed within "
+                 f"heartbeat_timeout + {POD_NOTICE_SLACK_S:.0f} s: "
+                 f"{'met' if all(sample.notice_s <= notice_goal for sample in samples) else 'not met'}."]
+    return rows
+
+
+def run_pod_scale(counts: tuple[int, ...], window_s: float) -> list[str]:
+    # torch's store client looks up a name for its server's address on every connection (as an
+    # IPv6-mapped address, which no hosts file lists, so the query goes to DNS). Where the
+    # resolver drops queries, each such connection stalls for the resolver's whole timeout (5 s
+    # by default), whatever xlarun does; a second bounds those stalls. Read before the first lookup.
+    os.environ.setdefault("RES_OPTIONS", "timeout:1 attempts:1")
+    raise_open_file_limit()
+    # Thousands of threads: small stacks keep their memory modest.
+    threading.stack_size(512 * 1024)
+    samples = []
+    for count in counts:
+        progress(f"bench: pod scale, {count} simulated nodes")
+        samples.append(simulate_pod(count, window_s))
+    return ["## Pod-scale simulation (static rendezvous, one store, heartbeat_timeout 5 s)", "",
+            f"- {cpu_model()}, {os.cpu_count()} cores; {window_s:.0f} s of running counted per node count; "
+            f"RES_OPTIONS={os.environ['RES_OPTIONS']!r}", "", *pod_table(samples)]
+
+
+# --- node 0's agent CPU: real agents on loopback ---------------------------------------------
+
+AGENT_CPU_NODES = (2, 24)
+AGENT_CPU_RUN_S = 20
+
+
+def agent_cpu_seconds(bin_dir: Path, scratch: Path, count: int, run_s: int) -> float:
+    """CPU seconds of node 0's agent in a static job of ``count`` loopback nodes, one sleeping worker each.
+
+    From ``wait4`` on node 0's agent: its own time and that of the processes it reaped (its
+    orphan guard and a ``sleep`` worker, which cost next to nothing).
+    """
+    port = free_port()
+    env = clean_environment()
+    pids = []
+    for rank in range(count):
+        argv = [str(bin_dir / "xlarun"), "--nnodes", str(count), "--node_rank", str(rank), "--master_addr",
+                "127.0.0.1", "--master_port", str(port), "--nproc_per_node", "1", "--rdzv_conf", "join_timeout=300",
+                "--no-python", "sleep", str(run_s)]
+        with open(scratch / f"agent-{count}-{rank}.stderr", "w") as stderr:
+            pids.append(subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=stderr).pid)
+    _, status, usage = os.wait4(pids[0], 0)
+    for pid in pids[1:]:
+        os.waitpid(pid, 0)
+    check_exit("xlarun (node 0)", status, True, scratch / f"agent-{count}-0.stderr")
+    return usage.ru_utime + usage.ru_stime
+
+
+def run_agent_cpu(bin_dir: Path, run_s: int) -> list[str]:
+    with tempfile.TemporaryDirectory(prefix="xlarun-bench-") as scratch:
+        seconds = {}
+        for count in AGENT_CPU_NODES:
+            progress(f"bench: node 0's agent CPU, {count} loopback nodes, {run_s} s")
+            seconds[count] = agent_cpu_seconds(bin_dir, Path(scratch), count, run_s)
+    small, large = AGENT_CPU_NODES
+    limit = 1.25 * seconds[small] + 0.3
+    return [f"## Node 0's agent CPU over a {run_s} s static run, one sleeping worker per node", "",
+            "| nodes | CPU (s) |", "|---|---|", *(f"| {count} | {seconds[count]:.2f} |" for count in AGENT_CPU_NODES),
+            "", f"Goal: {large} nodes within 1.25 × (+0.3 s) of {small} nodes, at most {limit:.2f} s: "
+                f"{'met' if seconds[large] <= limit else 'not met'}."]
+
+
 # --- machine facts -----------------------------------------------------------------------------
 
 def venv_versions(python: str) -> dict[str, str]:
@@ -524,9 +809,26 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     parser.add_argument("--markdown-out", metavar="FILE", help="also write the report to FILE")
     parser.add_argument("--bin-dir", default=str(REPO / ".venv" / "bin"),
                         help="directory holding xlarun, torchrun and python (default: the repository's .venv/bin)")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--pod-scale", action="store_true",
+                      help="only the simulation of many nodes against one store (its own table)")
+    mode.add_argument("--agent-cpu", action="store_true",
+                      help=f"only node 0's agent CPU with {' and '.join(map(str, AGENT_CPU_NODES))} loopback nodes")
+    parser.add_argument("--nodes", default=",".join(map(str, POD_NODES)),
+                        help=f"simulated node counts for --pod-scale (default {','.join(map(str, POD_NODES))})")
+    parser.add_argument("--window", type=float, default=POD_WINDOW_S,
+                        help=f"seconds of running counted per node count for --pod-scale (default {POD_WINDOW_S:.0f})")
+    parser.add_argument("--cpu-run", type=int, default=AGENT_CPU_RUN_S,
+                        help=f"seconds the workers run for --agent-cpu (default {AGENT_CPU_RUN_S})")
     args = parser.parse_args(argv)
     if args.repeat < 1:
         parser.error(f"--repeat must be at least 1, got {args.repeat}")
+    try:
+        args.nodes = tuple(int(count) for count in args.nodes.split(","))
+    except ValueError:
+        parser.error(f"--nodes takes node counts separated by commas, got {args.nodes!r}")
+    if min(args.nodes) < 2 or args.window <= 0 or args.cpu_run < 1:
+        parser.error("--nodes counts must be at least 2, --window and --cpu-run positive")
     for name in (*LAUNCHERS, "python"):
         if not os.access(Path(args.bin_dir) / name, os.X_OK):
             parser.error(f"no executable {name} in --bin-dir {args.bin_dir}")
@@ -535,6 +837,20 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
 
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
+    if args.pod_scale or args.agent_cpu:
+        started = time.perf_counter()
+        try:
+            lines = (run_pod_scale(args.nodes, args.window) if args.pod_scale
+                     else run_agent_cpu(Path(args.bin_dir).absolute(), args.cpu_run))
+        except BenchError as error:
+            print(f"bench: {error}", file=sys.stderr)
+            return 1
+        text = "\n".join(lines) + "\n"
+        sys.stdout.write(text)
+        if args.markdown_out:
+            Path(args.markdown_out).write_text(text)
+        progress(f"bench: done in {time.perf_counter() - started:.0f} s")
+        return 0
     sizes = QUICK if args.quick else FULL
     bin_dir = Path(args.bin_dir).absolute()
     load_before = os.getloadavg()

@@ -13,6 +13,7 @@
 - ``free_port()`` and the ``port`` fixture: a port nothing listens on, for ``--master_port``. A test
   that launches passes one (or ``--standalone``) rather than rely on a fixed port such as the
   default 29500 being free: other jobs on the machine may hold it.
+- ``logical_lines(text)``: shell lines with backslash continuations joined (README and examples).
 - ``slurm_env``: a session fixture, the environment for ``srun`` on the Slurm test cluster, which
   it stops at the end of the session unless another session still uses it. Tests that use it
   carry the ``slurm`` marker, so ``-m "not slurm"`` never starts the cluster.
@@ -223,3 +224,16 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
                 if "slurm_env" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None]
     if unmarked:
         raise pytest.UsageError("tests using slurm_env need @pytest.mark.slurm: " + ", ".join(unmarked))
+
+
+def logical_lines(text: str) -> Iterator[str]:
+    """Lines with backslash continuations joined, as a shell reads them."""
+    pending = ""
+    for line in text.splitlines():
+        if line.rstrip().endswith("\\"):
+            pending += line.rstrip()[:-1] + " "
+            continue
+        yield pending + line
+        pending = ""
+    if pending:
+        yield pending

@@ -6,7 +6,6 @@ import json
 import os
 import re
 import subprocess
-import uuid
 from pathlib import Path
 
 import pytest
@@ -72,7 +71,7 @@ def test_pet_variables_are_defaults_and_flags_win() -> None:
 def test_pet_booleans_are_integers() -> None:
     standalone = plan("train.py", env={"PET_STANDALONE": "1"})
     assert standalone["master_addr"] == "localhost"
-    assert str(uuid.UUID(standalone["run_id"])) == standalone["run_id"]
+    assert standalone["run_id"] == "<decided at rendezvous>"  # a fresh uuid at start
     assert plan("mod", env={"PET_MODULE": "1"})["workers"][0]["argv"] == [PYTHON, "-u", "-m", "mod"]
     assert plan("/bin/true", env={"PET_NO_PYTHON": "1"})["workers"][0]["argv"] == ["/bin/true"]
     assert plan("train.py", env={"PET_STANDALONE": "0"})["master_addr"] == "127.0.0.1"
@@ -153,3 +152,68 @@ def test_a_launch_imports_no_torch(port: int) -> None:
                 if line.startswith("import time:") and "|" in line]
     assert "xlarun.supervisor" in imported
     assert [name for name in imported if name.split(".")[0] in ("torch", "torch_xla")] == []
+
+
+# ---- --help as a manual
+
+@pytest.fixture(scope="module")
+def help_text() -> str:
+    result = run_xlarun("--help")
+    assert result.returncode == 0, result.stderr
+    # One line per option row: click wraps the help column.
+    return re.sub(r"\n {20,}", " ", result.stdout)
+
+
+def help_row(text: str, spelling: str) -> str:
+    return next(line for line in text.splitlines() if line.strip().startswith(spelling + " ")
+                or line.strip().startswith(spelling + ","))
+
+
+def test_help_names_every_value_and_marks_the_script_required(help_text: str) -> None:
+    from xlarun.options import OPTIONS
+
+    assert re.search(r"\s(-\S+) VALUE\b", help_text) is None
+    assert help_text.startswith("Usage: xlarun [OPTIONS] TRAINING_SCRIPT [SCRIPT_ARGS]...")
+    for option in OPTIONS:
+        if option.takes_value:
+            assert option.metavar, option.dest
+            assert f"{option.spellings[-1]} {option.metavar}" in help_row(help_text, option.spellings[0])
+
+
+@pytest.mark.parametrize("spelling, default", [
+    ("--nnodes", "1:1"), ("--nproc-per-node", "1"), ("--master-addr", "127.0.0.1"), ("--master-port", "29500"),
+    ("--rdzv-backend", "static"), ("--max-restarts", "0"), ("--device", "auto; env: XLARUN_DEVICE"),
+    ("--cluster", "none; env: XLARUN_CLUSTER"), ("--runtime", "auto"), ("--kill-timeout", "30"),
+    ("--rdzv-endpoint", "MASTER_ADDR:29400 under c10d"),
+])
+def test_help_shows_the_defaults(help_text: str, spelling: str, default: str) -> None:
+    assert help_row(help_text, spelling).endswith(f"[default: {default}]")
+
+
+def test_help_explains_the_values_a_newcomer_asks_about(help_text: str) -> None:
+    from xlarun.rendezvous.distributed import DEFAULT_CLOSE_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT
+    from xlarun.runtimes import coordinator_port
+
+    assert "auto: one per TPU chip, NeuronCore or GPU" in help_row(help_text, "--nproc-per-node")
+    conf = help_row(help_text, "--rdzv-conf")
+    for key, seconds in (("join_timeout", DEFAULT_JOIN_TIMEOUT), ("close_timeout", DEFAULT_CLOSE_TIMEOUT),
+                         ("heartbeat_timeout", DEFAULT_HEARTBEAT_TIMEOUT), ("last_call_timeout", 30)):
+        assert f"{key} ({seconds:g}" in conf
+    for key in ("timeout", "is_host", "token"):
+        assert f" {key} (" in conf
+    assert f"{coordinator_port(29500)} for 29500" in help_row(help_text, "--coordinator-port")
+    assert "xrt needs torch_xla 2.0 or older" in help_row(help_text, "--runtime")
+    assert "use_spmd()" in help_row(help_text, "--spmd")
+    assert help_row(help_text, "--virtual-devices").split("N ", 1)[1].strip().startswith("CPU only")
+    assert "Validated, not applied" in help_row(help_text, "--numa-binding")
+    for variable in ("PET_<FLAG>", "XLARUN_DEVICE", "XLARUN_CLUSTER", "XLARUN_RDZV_TOKEN", "XLARUN_DEBUG",
+                     "XLARUN_HOST_ROOT", "XLARUN_LAUNCHED"):
+        assert variable in help_text.split("Environment:")[1], variable
+
+
+def test_version() -> None:
+    import xlarun
+
+    for spelling in ("--version", "--vers"):
+        result = run_xlarun(spelling)
+        assert (result.returncode, result.stdout, result.stderr) == (0, f"xlarun {xlarun.__version__}\n", "")

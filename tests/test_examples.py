@@ -18,12 +18,12 @@ import re
 import shlex
 import subprocess
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import pytest
 import yaml
 
-from conftest import REPO, TESTS, run_xlarun
+from conftest import REPO, TESTS, logical_lines, run_xlarun
 
 pytestmark = pytest.mark.examples
 
@@ -61,19 +61,6 @@ def dry_run(command: Sequence[str], env: Mapping[str, str]) -> dict:
     result = run_xlarun("--dry-run", *command[1:], env=dict(env), cwd=REPO)
     assert result.returncode == 0, f"{shlex.join(command)}\n{result.stderr}"
     return json.loads(result.stdout)
-
-
-def logical_lines(text: str) -> Iterator[str]:
-    """Lines with backslash continuations joined, as a shell reads them."""
-    pending = ""
-    for line in text.splitlines():
-        if line.rstrip().endswith("\\"):
-            pending += line.rstrip()[:-1] + " "
-            continue
-        yield pending + line
-        pending = ""
-    if pending:
-        yield pending
 
 
 def written_commands(path: Path) -> list[list[str]]:
@@ -309,7 +296,7 @@ def test_gke_job_commands_plan_every_host_alike() -> None:
             for local_rank, worker in enumerate(plan["workers"]):
                 env = worker["env"]
                 if spmd:
-                    assert env["XLA_USE_SPMD"] == "1"
+                    assert env["XLARUN_SPMD"] == "1" and "XLA_USE_SPMD" not in env
                     assert env["TPU_VISIBLE_CHIPS"] == ",".join(map(str, range(chips)))
                     assert env["TPU_PROCESS_BOUNDS"] == gke_pod_environ(slice_, worker_id)["TPU_HOST_BOUNDS"]
                 else:
@@ -331,7 +318,7 @@ def test_documented_command_lines_plan(path: Path) -> None:
         assert all(worker["argv"][2:3] == [script] for worker in plan["workers"])
         if "--spmd" in command:
             assert plan["nproc_per_node"] == 1
-            assert worker_env(plan, 0)["XLA_USE_SPMD"] == "1"
+            assert worker_env(plan, 0)["XLARUN_SPMD"] == "1"
 
 
 # ---- Hugging Face Trainer, FSDPv2 on four virtual CPU devices

@@ -14,82 +14,19 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 import psutil
 import pytest
 
-from conftest import (XLARUN, Run, clean_env, files_exist, finish, is_alive, kill_all, run_xlarun, start_xlarun,
-                      wait_for, worker)
+from conftest import XLARUN, clean_env, files_exist, finish, is_alive, run_xlarun, wait_for, worker
+from multinode import HOST, Nodes, both, c10d, lines, listeners, nodes, static, without_warnings  # noqa: F401
 
-HOST = "127.0.0.1"
 ALLREDUCE = worker("mn_allreduce.py")
 FAIL = worker("mn_fail.py")
 # Agents killed or stopped in these tests are noticed through heartbeats: a short timeout keeps
 # the tests short, and is still far above the agents' beat interval.
 HEARTBEAT = "heartbeat_timeout=3"
-
-
-def static(port: int, node_rank: int, nnodes: int, nproc: int) -> list[str]:
-    return ["--nnodes", str(nnodes), "--node_rank", str(node_rank), "--master_addr", HOST,
-            "--master_port", str(port), "--nproc_per_node", str(nproc)]
-
-
-def c10d(port: int, run_id: str, nnodes: int, nproc: int) -> list[str]:
-    return ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{HOST}:{port}", "--rdzv_id", run_id,
-            "--nnodes", str(nnodes), "--nproc_per_node", str(nproc)]
-
-
-class Nodes:
-    """The agents a test starts; whatever is left of them (launchers, workers) is killed at teardown."""
-
-    def __init__(self, out_dir: Path):
-        self.out_dir = out_dir
-        self.processes: list[subprocess.Popen] = []
-
-    def start(self, *args: str, env: Optional[dict[str, str]] = None) -> subprocess.Popen:
-        process = start_xlarun(*args, env=env)
-        self.processes.append(process)
-        return process
-
-    def finish_all(self, processes: Optional[Sequence[subprocess.Popen]] = None) -> list[Run]:
-        return [finish(process) for process in (self.processes if processes is None else processes)]
-
-    def records(self) -> list[dict[str, Any]]:
-        return [json.loads(path.read_text()) for path in sorted(self.out_dir.glob("*.json"))]
-
-    def wait_for_records(self, count: int) -> list[dict[str, Any]]:
-        wait_for(lambda: len(list(self.out_dir.glob("*.json"))) >= count, f"{count} worker records")
-        return self.records()
-
-    def worker_pids(self) -> list[int]:
-        return [record["pid"] for record in self.records() if "pid" in record]
-
-    def cleanup(self) -> None:
-        kill_all([process.pid for process in self.processes if process.poll() is None])
-        for process in self.processes:
-            if process.poll() is None:
-                process.communicate()
-        kill_all(self.worker_pids())
-
-
-@pytest.fixture
-def nodes(out_dir: Path) -> Iterator[Nodes]:
-    started = Nodes(out_dir)
-    try:
-        yield started
-    finally:
-        started.cleanup()
-
-
-def both(runs: Sequence[Run]) -> str:
-    """Every node's output, for assertion messages."""
-    return "\n".join(f"--- node {index} (exit {run.returncode})\nstdout:\n{run.stdout}\nstderr:\n{run.stderr}"
-                     for index, run in enumerate(runs))
-
-
-def lines(run: Run) -> list[str]:
-    return run.stderr.splitlines()
 
 
 def by_rank(records: list[dict[str, Any]]) -> dict[int, dict[str, Any]]:
@@ -110,12 +47,6 @@ def node_ranks(records: list[dict[str, Any]]) -> dict[int, list[int]]:
     for record in sorted(records, key=lambda item: item["rank"]):
         grouped.setdefault(int(record["env"]["GROUP_RANK"]), []).append(record["rank"])
     return grouped
-
-
-def listeners(port: int) -> list[tuple[str, int]]:
-    """(address, pid) of every TCP socket listening on ``port``."""
-    return [(connection.laddr.ip, connection.pid) for connection in psutil.net_connections(kind="tcp")
-            if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port]
 
 
 # ---- running together
@@ -330,7 +261,7 @@ def test_waiting_on_a_terminal_is_one_status_line(out_dir: Path, port: int) -> N
     process = subprocess.Popen([*XLARUN, *static(port, 0, 2, 1), "--rdzv_conf", "join_timeout=2", ALLREDUCE, out_dir],
                                env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=secondary)
     os.close(secondary)
-    terminal = read_terminal(primary)
+    terminal = without_warnings(read_terminal(primary))
     process.wait()
 
     assert process.returncode == 1

@@ -14,6 +14,8 @@ from xlarun.runtimes import XlaOptions, apply_user_precedence, coordinator_port,
 from xlarun.runtimes import tpu
 from xlarun.runtimes.tpu import TpuTopology
 
+pytestmark = pytest.mark.unit
+
 MASTER_PORT = 29500
 COORDINATOR_PORT = 61756  # the rule's value for MASTER_PORT 29500
 
@@ -30,13 +32,17 @@ V4_16 = TpuTopology(host_bounds="1,1,2", chips_per_host_bounds="2,2,1", generati
 # --- PJRT, every device ---------------------------------------------------------------
 
 @pytest.mark.parametrize("device, pjrt_name", [("tpu", "TPU"), ("neuron", "NEURON"), ("cuda", "CUDA"),
-                                               ("cpu", "CPU"), ("xpu", "XPU")])
+                                               ("xpu", "XPU")])
 def test_every_pjrt_worker_gets_device_and_local_place(device, pjrt_name):
     env = xla_env(XlaOptions(device, "pjrt"), nodes(2, 4, node_rank=1), local_rank=3)
     assert env["PJRT_DEVICE"] == pjrt_name
     assert env["PJRT_LOCAL_PROCESS_RANK"] == "3"
     assert env["PJRT_LOCAL_PROCESS_COUNT"] == "4"
     assert "XLA_USE_SPMD" not in env
+
+
+def test_cpu_workers_get_no_local_place_which_their_world_of_one_would_contradict():
+    assert xla_env(XlaOptions("cpu", "pjrt"), nodes(2, 4, node_rank=1), local_rank=3) == {"PJRT_DEVICE": "CPU"}
 
 
 def test_xpu_needs_only_the_common_variables():
@@ -91,7 +97,7 @@ def test_tpu_more_processes_than_chips_is_a_usage_error():
 def test_tpu_spmd_presets_the_whole_host():
     options = XlaOptions("tpu", "pjrt", spmd=True, tpu_topology=TpuTopology("1,1,1", "2,4,1"))
     env = xla_env(options, nodes(1, 1, 0), 0)
-    assert env["XLA_USE_SPMD"] == "1"
+    assert env["XLARUN_SPMD"] == "1" and "XLA_USE_SPMD" not in env  # deprecated since torch_xla 2.1
     assert env["TPU_VISIBLE_CHIPS"] == "0,1,2,3,4,5,6,7"
     assert env["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "2,4,1"
     assert env["TPU_PROCESS_BOUNDS"] == "1,1,1"
@@ -150,11 +156,23 @@ def test_neuron_root_address_brackets_ipv6():
     assert env["NEURON_RT_ROOT_COMM_ID"] == f"[fd00::1]:{COORDINATOR_PORT}"
 
 
-def test_neuron_spmd_gets_only_the_root_address():
-    env = xla_env(XlaOptions("neuron", "pjrt", spmd=True), nodes(2, 1, 1), 0)
-    assert env["XLA_USE_SPMD"] == "1"
+def test_neuron_spmd_on_one_node_gets_only_the_root_address_and_the_spmd_flag():
+    env = xla_env(XlaOptions("neuron", "pjrt", spmd=True, local_units=32), nodes(1, 1, 0), 0)
+    assert env["XLA_USE_SPMD"] == "1"  # read by torch_xla's import-time Neuron set-up (2.5+)
     assert env["NEURON_RT_ROOT_COMM_ID"] == f"10.0.0.1:{COORDINATOR_PORT}"
-    assert not {"NEURON_PJRT_PROCESS_INDEX", "NEURON_PJRT_WORLD_SIZE"} & set(env)
+    assert not {"NEURON_PJRT_PROCESS_INDEX", "NEURON_PJRT_WORLD_SIZE", "NEURON_PJRT_PROCESSES_NUM_DEVICES"} & set(env)
+
+
+def test_neuron_spmd_across_nodes_gets_the_node_index_and_one_core_count_per_node():
+    env = xla_env(XlaOptions("neuron", "pjrt", spmd=True, local_units=32), nodes(3, 1, 2), 0)
+    assert env["NEURON_PJRT_PROCESS_INDEX"] == "2"
+    assert env["NEURON_PJRT_PROCESSES_NUM_DEVICES"] == "32,32,32"
+    assert "NEURON_PJRT_WORLD_SIZE" not in env
+
+
+def test_neuron_spmd_across_nodes_without_a_core_count_is_refused():
+    with pytest.raises(UsageError, match="NeuronCore count"):
+        xla_env(XlaOptions("neuron", "pjrt", spmd=True), nodes(2, 1, 1), 0)
 
 
 # --- CUDA, CPU ---------------------------------------------------------------------------------
@@ -168,7 +186,7 @@ def test_cuda_coordinator_port_follows_the_rule_and_the_override():
 def test_cpu_virtual_devices():
     env = xla_env(XlaOptions("cpu", "pjrt", spmd=True, virtual_devices=4), nodes(1, 1, 0), 0)
     assert env["CPU_NUM_DEVICES"] == "4"
-    assert env["XLA_USE_SPMD"] == "1"
+    assert env["XLARUN_SPMD"] == "1" and "XLA_USE_SPMD" not in env
     assert "CPU_NUM_DEVICES" not in xla_env(XlaOptions("cpu", "pjrt"), nodes(1, 2, 0), 1)
 
 
@@ -298,13 +316,21 @@ def test_environment_size_with_comparable_ranks_is_identical():
 
 def test_users_setting_wins_with_one_notice_line():
     planned = xla_env(XlaOptions("neuron", "pjrt"), nodes(2, 2, 0), 1)
-    environ = {"NEURON_RT_ROOT_COMM_ID": "10.9.9.9:7000", "PJRT_DEVICE": "NEURON", "HOME": "/root"}
+    environ = {"NEURON_RT_ROOT_COMM_ID": "10.9.9.9:7000", "NEURON_PJRT_WORLD_SIZE": "8", "HOME": "/root"}
     kept, notices = apply_user_precedence(planned, environ)
-    assert "NEURON_RT_ROOT_COMM_ID" not in kept and "PJRT_DEVICE" not in kept
+    assert "NEURON_RT_ROOT_COMM_ID" not in kept and "NEURON_PJRT_WORLD_SIZE" not in kept
     assert kept["NEURON_PJRT_PROCESS_INDEX"] == "1"
     assert len(notices) == 1
-    assert "NEURON_RT_ROOT_COMM_ID" in notices[0] and "PJRT_DEVICE" in notices[0]
+    assert "NEURON_RT_ROOT_COMM_ID" in notices[0] and "NEURON_PJRT_WORLD_SIZE" in notices[0]
     assert "\n" not in notices[0]
+
+
+def test_a_users_value_equal_to_xlaruns_is_kept_without_a_notice():
+    planned = xla_env(XlaOptions("neuron", "pjrt"), nodes(2, 2, 0), 1)
+    kept, notices = apply_user_precedence(planned, {"PJRT_DEVICE": "NEURON", "NEURON_PJRT_WORLD_SIZE": "8"})
+    assert "PJRT_DEVICE" not in kept
+    assert len(notices) == 1 and "PJRT_DEVICE" not in notices[0]
+    assert apply_user_precedence(planned, {"PJRT_DEVICE": "NEURON"})[1] == []
 
 
 def test_no_notice_when_user_sets_nothing_of_ours():
@@ -315,7 +341,7 @@ def test_no_notice_when_user_sets_nothing_of_ours():
 
 
 def test_notice_is_the_same_for_every_local_rank():
-    environ = {"TPU_VISIBLE_CHIPS": "0"}
+    environ = {"TPU_VISIBLE_CHIPS": "7"}
     notices = {tuple(apply_user_precedence(xla_env(XlaOptions("tpu", "pjrt"), nodes(1, 4, 0), rank), environ)[1])
                for rank in range(4)}
     assert len(notices) == 1
@@ -348,7 +374,13 @@ def test_major_minor():
 
 
 def test_preflight_accepts_matching_pair():
-    packages.preflight("tpu", "pjrt", version_of=versions(torch="2.9.0+cpu", torch_xla="2.9.0"))
+    packages.preflight("tpu", "pjrt", version_of=versions(torch="2.9.0+cpu", torch_xla="2.9.0", libtpu="0.0.21"))
+
+
+def test_preflight_takes_a_libtpu_from_tpu_library_path_or_a_bundling_build():
+    packages.preflight("tpu", "pjrt", tpu_library_path="/opt/libtpu.so",
+                       version_of=versions(torch="2.9.0", torch_xla="2.9.0"))
+    packages.preflight("tpu", "pjrt", version_of=versions(torch="2.1.0", torch_xla="2.1.0+libtpu"))
 
 
 @pytest.mark.parametrize("device, runtime, installed, kwargs, message", [
@@ -361,6 +393,7 @@ def test_preflight_accepts_matching_pair():
     ("cuda", "pjrt", {"torch": "2.1.2", "torch_xla": "2.1.0"}, {}, "needs torch_xla 2.2 to 2.8"),
     ("cuda", "xrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "2.1 removed XRT"),
     ("neuron", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "libneuronxla"),
+    ("tpu", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, r"needs libtpu.*torch_xla\[tpu\]==2.9.0"),
 ])
 def test_preflight_refuses_with_one_line(device, runtime, installed, kwargs, message):
     with pytest.raises(UsageError, match=message) as caught:

@@ -11,7 +11,7 @@ from test_worker import json_report, run_workers
 
 pytestmark = pytest.mark.torch_xla
 
-SPMD_CPU = {"CPU_NUM_DEVICES": "4", "XLA_USE_SPMD": "1"}
+SPMD_CPU = {"CPU_NUM_DEVICES": "4", "XLARUN_SPMD": "1"}
 
 
 def test_fsdpv2_trains_with_parameters_sharded_over_four_devices():

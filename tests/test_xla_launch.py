@@ -22,7 +22,7 @@ HOSTS = TESTS / "fixtures" / "hosts"
 NEVER_RUN = (worker("marker.py"), "never-written")
 
 # What the XLA translation may add; everything else in a worker's plan is torchrun's contract.
-XLA_PREFIXES = ("PJRT_", "TPU_", "NEURON_", "XLA_", "CPU_NUM_DEVICES", "XRT_")
+XLA_PREFIXES = ("PJRT_", "TPU_", "NEURON_", "XLA_", "CPU_NUM_DEVICES", "XRT_", "XLARUN_SPMD")
 
 MASTER_ADDR = "10.1.2.3"
 MASTER_PORT = 29500
@@ -92,9 +92,7 @@ def test_spmd_on_four_virtual_cpu_devices_trains_a_sharded_model(port: int) -> N
     planned = plan(*args)
     assert planned["nproc_per_node"] == 1
     [entry] = planned["workers"]
-    assert xla_part(entry["env"]) == {"PJRT_DEVICE": "CPU", "PJRT_LOCAL_PROCESS_RANK": "0",
-                                      "PJRT_LOCAL_PROCESS_COUNT": "1", "XLA_USE_SPMD": "1",
-                                      "CPU_NUM_DEVICES": "4"}
+    assert xla_part(entry["env"]) == {"PJRT_DEVICE": "CPU", "XLARUN_SPMD": "1", "CPU_NUM_DEVICES": "4"}
 
     result = run_xlarun(*args)
     assert result.returncode == 0, result.stderr
@@ -132,7 +130,7 @@ TRANSLATIONS = {
                              "TPU_PROCESS_PORT": str(8476 + local), "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
                              "TPU_PROCESS_BOUNDS": "2,2,2"}),
     "tpu spmd": (["--device", "tpu", "--spmd"], V4_16_SLICE, ("tpu", "pjrt"),
-                 lambda node, local: {**common("TPU", 0, 1), "XLA_USE_SPMD": "1", "TPU_VISIBLE_CHIPS": "0,1,2,3",
+                 lambda node, local: {**common("TPU", 0, 1), "XLARUN_SPMD": "1", "TPU_VISIBLE_CHIPS": "0,1,2,3",
                                       "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1", "TPU_PROCESS_BOUNDS": "1,1,2"}),
     "neuron": (["--device", "neuron", "--nproc_per_node", "2"], {}, ("neuron", "pjrt"),
                lambda node, local: {**common("NEURON", local, 2),
@@ -142,9 +140,9 @@ TRANSLATIONS = {
     "cuda": (["--device", "cuda", "--nproc_per_node", "2"], {}, ("cuda", "pjrt"),
              lambda node, local: {**common("CUDA", local, 2), "XLA_COORDINATOR_PORT": str(COORDINATOR_PORT)}),
     "cpu": (["--device", "cpu", "--nproc_per_node", "2"], {}, ("cpu", "pjrt"),
-            lambda node, local: common("CPU", local, 2)),
+            lambda node, local: {"PJRT_DEVICE": "CPU"}),
     "cpu spmd": (["--device", "cpu", "--spmd", "--virtual-devices", "8"], {}, ("cpu", "pjrt"),
-                 lambda node, local: {**common("CPU", 0, 1), "XLA_USE_SPMD": "1", "CPU_NUM_DEVICES": "8"}),
+                 lambda node, local: {"PJRT_DEVICE": "CPU", "XLARUN_SPMD": "1", "CPU_NUM_DEVICES": "8"}),
     "xpu": (["--device", "xpu", "--nproc_per_node", "2"], {}, ("xpu", "pjrt"),
             lambda node, local: common("XPU", local, 2)),
     "cuda xrt": (["--device", "cuda", "--runtime", "xrt", "--nproc_per_node", "2"], {}, ("cuda", "xrt"),
@@ -259,18 +257,19 @@ def test_users_neuron_root_address_stays_out_of_the_plan() -> None:
         assert entry["env"]["NEURON_PJRT_PROCESS_INDEX"] == str(entry["rank"])
 
 
-@pytest.mark.parametrize("variable, value, flags", [
-    ("PJRT_DEVICE", "CPU", []),
-    ("CPU_NUM_DEVICES", "2", ["--device", "cpu", "--virtual-devices", "4"]),
+@pytest.mark.parametrize("variable, value, flags, noticed", [
+    ("PJRT_DEVICE", "CPU", [], False),  # xlarun's own value: nothing to say
+    ("CPU_NUM_DEVICES", "2", ["--device", "cpu", "--virtual-devices", "4"], True),
 ])
-def test_users_setting_wins_with_one_notice_line(tmp_path: Path, port: int, variable: str, value: str,
-                                                 flags: list[str]) -> None:
+def test_users_setting_wins_with_one_notice_line_where_it_differs(tmp_path: Path, port: int, variable: str,
+                                                                  value: str, flags: list[str],
+                                                                  noticed: bool) -> None:
     result = run_xlarun("--nproc_per_node", "2", "--master_port", port, *flags, worker("dump_env.py"),
                         env={variable: value, "DUMP_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     notices = [line for line in result.stderr.splitlines() if "keeping your own" in line]
-    assert len(notices) == 1, result.stderr
-    assert notices[0].startswith("xlarun: keeping your own ") and variable in notices[0]
+    assert len(notices) == noticed, result.stderr
+    assert all(notice.startswith("xlarun: keeping your own ") and variable in notice for notice in notices)
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"{rank}_0.json").read_text())["env"]
         assert seen[variable] == value

@@ -21,14 +21,14 @@ from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 from xlarun.config import LaunchConfig
 from xlarun.exceptions import LaunchError
 from xlarun.failures import FailureRecord, signal_name
+from xlarun.guard import OrphanGuard
 from xlarun.logs import make_run_log_dir, plan_worker_logs
 from xlarun.deviceplan import DevicePlan
 from xlarun.plan import worker_variables
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import Rendezvous
 from xlarun.report import RunSummary, failure_as_dict, format_report
-from xlarun.supervisor import (STOP_SIGNALS, GroupOutcome, OrphanGuard, SignalInbox, WorkerGroup, WorkerResult,
-                               WorkerSpec)
+from xlarun.supervisor import STOP_SIGNALS, GroupOutcome, SignalInbox, WorkerGroup, WorkerResult, WorkerSpec
 
 T = TypeVar("T")
 
@@ -48,7 +48,6 @@ class Agent:
         self.environ = dict(environ)
         self.summary: Optional[RunSummary] = None
         self._run_dir = ""
-        self._records: dict[int, FailureRecord] = {}
 
     def run(self) -> int:
         guard = OrphanGuard().start()
@@ -75,40 +74,50 @@ class Agent:
         summary.write(self.config.summary_file)
 
     def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> int:
-        attempt = 0
+        attempt = restarts = 0
         while True:
             node = wait_interruptibly(inbox, self.rendezvous.assign, attempt, self.config.nproc_per_node)
             if isinstance(node, Interrupted):
                 return self._stopped_by_signal(node.signal_number, "while waiting for the other nodes")
+            # Several nodes number attempts for the whole job: a node that joins late takes the job's number.
+            attempt = node.restart_count
             if self.summary is None:
                 self.summary = RunSummary(run_id=node.run_id)
                 self._run_dir = make_run_log_dir(self.config.log_dir, node.run_id)
             self.summary.restarts = attempt
+            records: list[FailureRecord] = []
             group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.kill_timeout, guard=guard,
-                                on_failure=self._publisher(node))
+                                on_failure=self._publisher(node, records))
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
             self.summary.add_attempt(attempt, outcome.results)
+            self.summary.attempts[-1].update(self.rendezvous.attempt_record())
             if outcome.launcher_signal is not None:
                 return self._stopped_by_signal(outcome.launcher_signal)
-            verdict = wait_interruptibly(inbox, self.rendezvous.finish_attempt, outcome.succeeded)
-            if isinstance(verdict, Interrupted):
-                return self._stopped_by_signal(verdict.signal_number, "while waiting for the other nodes")
-            if verdict:
+            end = wait_interruptibly(inbox, self.rendezvous.finish_attempt, outcome.succeeded)
+            if isinstance(end, Interrupted):
+                return self._stopped_by_signal(end.signal_number, "while waiting for the other nodes")
+            if end.succeeded:
                 return 0
-            failures = self._failures(outcome, node)
-            if attempt >= self.config.max_restarts:
-                return self._fail(failures, outcome)
-            cause = describe(failures[0]) if failures else (outcome.stop_reason or "stopped")
-            say(f"attempt {attempt} failed ({cause}); restarting the worker group "
-                f"(restart {attempt + 1} of {self.config.max_restarts})")
             attempt += 1
+            if end.admitting:
+                continue  # torchrun's rule: letting waiting nodes in spends no restart
+            failures = self._failures(records, node)
+            if restarts >= self.config.max_restarts:
+                if end.lost and not failures:
+                    raise LaunchError(end.lost)
+                return self._fail(failures, outcome)
+            restarts += 1
+            cause = describe(failures[0]) if failures else (end.lost or outcome.stop_reason or "stopped")
+            say(f"attempt {attempt - 1} failed ({cause}); restarting the worker group "
+                f"(restart {restarts} of {self.config.max_restarts})")
 
-    def _publisher(self, node: NodeAssignment) -> Callable[[WorkerResult], None]:
-        """Records a local failure the moment it is seen and tells the other nodes (if any)."""
+    def _publisher(self, node: NodeAssignment, records: list[FailureRecord]) -> Callable[[WorkerResult], None]:
+        """Adds a local failure to this attempt's ``records`` the moment it is seen (so in the order
+        the group saw them) and tells the other nodes (if any)."""
         def publish(result: WorkerResult) -> None:
             record = FailureRecord.from_result(result, node.node_rank, node.nnodes)
-            self._records[result.pid] = record
+            records.append(record)
             self.rendezvous.publish_failure(record)
 
         return publish
@@ -123,8 +132,7 @@ class Agent:
                                     env={**self.environ, **variables}, logs=logs))
         return specs
 
-    def _failures(self, outcome: GroupOutcome, node: NodeAssignment) -> list[FailureRecord]:
-        local = [self._records[result.pid] for result in outcome.failures]
+    def _failures(self, local: list[FailureRecord], node: NodeAssignment) -> list[FailureRecord]:
         first = self.rendezvous.first_failure()
         # Another node's failure came first: it is the root cause here too.
         if first is not None and first.node_rank != node.node_rank:

@@ -3,7 +3,8 @@
 Parsing follows argparse's rules where torchrun's users rely on them: both spellings of
 each long flag, unique prefixes (``--nproc_per_n=2``), ``PET_*`` defaults, and every
 argument after the training script passed to it untouched. Errors are one line on
-stderr and exit code 2; nothing is started.
+stderr and exit code 2; nothing is started. ``--help`` is built from the option table
+(value names, defaults, variables) so it cannot drift from what is parsed.
 """
 
 from __future__ import annotations
@@ -14,8 +15,14 @@ from typing import Callable, NamedTuple, Optional, Sequence
 
 import click
 
+from xlarun import __version__
+from xlarun.devices import HOST_ROOT_VARIABLE
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.options import OPTIONS, XLARUN, Option
+from xlarun.options import OPTIONS, OPTIONS_BY_DEST, XLARUN, Option, flag
+from xlarun.plan import LAUNCHED_MARKER
+
+HELP_NAMES = ("-h", "--help")
+VERSION_NAME = "--version"
 
 
 def split_command_line(argv: Sequence[str]) -> tuple[list[str], Optional[str], list[str]]:
@@ -25,10 +32,10 @@ def split_command_line(argv: Sequence[str]) -> tuple[list[str], Optional[str], l
     after it belongs to the script. One ``--`` is dropped, before or right after the script.
     """
     long_names = {name: option.takes_value for option in OPTIONS for name in option.spellings if name.startswith("--")}
-    long_names["--help"] = False
+    long_names.update({HELP_NAMES[1]: False, VERSION_NAME: False})
     short_names = {name: option.takes_value for option in OPTIONS
                    for name in option.spellings if not name.startswith("--")}
-    short_names["-h"] = False
+    short_names[HELP_NAMES[0]] = False
     dests = {name: option.dest for option in OPTIONS for name in option.spellings}
     options: list[str] = []
     index = 0
@@ -85,8 +92,13 @@ def expand_prefix(name: str, long_names: dict[str, bool], dests: dict[str, str])
 class SectionedCommand(click.Command):
     """``--help`` lists torchrun's flags and xlarun's own flags apart."""
 
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        # The script is required; click is told otherwise only so that a missing one is refused
+        # in xlarun's own words, as a one-line error like every other.
+        return [self.options_metavar or "", "TRAINING_SCRIPT", "[SCRIPT_ARGS]..."]
+
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
-        own = {option.dest for option in OPTIONS if option.owner == XLARUN}
+        own = {option.dest for option in OPTIONS if option.owner == XLARUN} | {"version"}
         for title, wanted in (("torchrun options", False), ("xlarun options", True)):
             rows = [param.get_help_record(ctx) for param in self.get_params(ctx)
                     if isinstance(param, click.Option) and (param.name in own) == wanted]
@@ -94,11 +106,48 @@ class SectionedCommand(click.Command):
                 formatter.write_dl([row for row in rows if row])
 
 
+def help_text(option: Option) -> str:
+    """The row's help with its default and, for xlarun's flags, the variable that stands in."""
+    default = option.default if option.shown_default is None else option.shown_default
+    notes = [f"default: {default}"] if default else []
+    if option.owner == XLARUN and option.variable:
+        notes.append(f"env: {option.variable}")
+    return option.help + (f" [{'; '.join(notes)}]" if notes else "")
+
+
 def _click_option(option: Option) -> Callable[[click.Command], click.Command]:
     # Values stay text here: the table's parsers check them, with PET_* fallbacks, in one place.
     if option.takes_value:
-        return click.option(*option.spellings, option.dest, default=None, help=option.help, metavar="VALUE")
-    return click.option(*option.spellings, option.dest, is_flag=True, default=None, help=option.help)
+        return click.option(*option.spellings, option.dest, default=None, help=help_text(option),
+                            metavar=option.metavar)
+    return click.option(*option.spellings, option.dest, is_flag=True, default=None, help=help_text(option))
+
+
+def description() -> str:
+    """What ``--help`` says before the flags."""
+    return (f"Launch TRAINING_SCRIPT on every worker, as torchrun does, with XLA devices set up.\n\n"
+            f"TRAINING_SCRIPT is a Python file, a module with {flag('module')}, or a program with "
+            f"{flag('no_python')}. Every argument after it goes to it untouched; ${{local_rank}} in them becomes "
+            "each worker's local rank. README.md covers devices, multi-node jobs and clusters.")
+
+
+def epilog() -> str:
+    """What ``--help`` says after the flags: the variables xlarun reads and its exit codes."""
+    return f"""\b
+Environment:
+  PET_<FLAG>            a torchrun flag's default (PET_NPROC_PER_NODE=4;
+                        switches 0 or 1), as torchrun reads it; flags win
+  {OPTIONS_BY_DEST["device"].variable:<21} the default of {flag("device")}
+  {OPTIONS_BY_DEST["cluster"].variable:<21} the default of {flag("cluster")}
+  XLARUN_RDZV_TOKEN     the job's rendezvous token, as {flag("rdzv_conf")} token=...
+  XLARUN_DEBUG=1        a traceback for an internal error
+  {HOST_ROOT_VARIABLE:<21} read /sys, /dev and /proc under this directory (fake hosts)
+Workers also get {LAUNCHED_MARKER}=1; {flag("dry_run")} shows every variable they get.
+
+\b
+Exit codes: 0 success; the root-cause worker's own code (128+N when signal N
+killed it); 2 bad usage; 1 a launcher failure. A worker may exit 1 or 2 too:
+the "result" field of {flag("summary_file")} tells them apart."""
 
 
 class CommandLine(NamedTuple):
@@ -110,17 +159,14 @@ class CommandLine(NamedTuple):
 
 
 def _build_command() -> click.Command:
-    @click.command(cls=SectionedCommand, context_settings={"help_option_names": ["-h", "--help"]},
-                   add_help_option=True)
+    @click.command(cls=SectionedCommand, context_settings={"help_option_names": list(HELP_NAMES)},
+                   add_help_option=True, help=description(), epilog=epilog())
     @click.argument("training_script", required=False)
     @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
     @click.pass_context
     def command(ctx: click.Context, training_script: Optional[str], training_script_args: tuple[str, ...],
                 **values: str | bool | None) -> CommandLine:
-        """Launch TRAINING_SCRIPT on every worker, as torchrun does, with XLA devices set up.
-
-        Every argument after TRAINING_SCRIPT is passed to it untouched.
-        """
+        """What the command line gave, for the launch to read with the option table."""
         given: dict[str, Optional[str]] = {
             name: ("1" if value is True else value if isinstance(value, str) else None)
             for name, value in values.items()
@@ -131,11 +177,12 @@ def _build_command() -> click.Command:
     built: click.Command = command
     for option in OPTIONS:
         built = _click_option(option)(built)
-    return built
+    return click.version_option(__version__, VERSION_NAME, prog_name="xlarun", message="%(prog)s %(version)s",
+                                help="Show xlarun's version and exit.")(built)
 
 
 def parse_command_line(args: Sequence[str]) -> Optional[CommandLine]:
-    """Parse as torchrun's argparse would; None when ``--help`` was answered instead.
+    """Parse as torchrun's argparse would; None when ``--help`` or ``--version`` was answered instead.
 
     Raises :class:`UsageError` with one line for anything the parser refuses.
     """

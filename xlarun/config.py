@@ -9,17 +9,76 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
+from typing import Callable, Mapping, Optional
 
 from xlarun.exceptions import UsageError
 from xlarun.options import DEFAULT_MASTER_PORT, OptionValues, StreamSpec, flag
 
-DEFAULT_C10D_PORT = 29400
+RUN_PATH_BOOTSTRAP = """\
+import runpy, sys
 
-# run_path runs the script through runpy in a fresh interpreter, as torchrun's child does.
-RUN_PATH_BOOTSTRAP = (
-    "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')"
-)
+def leave():
+    # Join the process groups' threads while the interpreter still runs: a gloo thread that wants
+    # the GIL during finalisation is killed inside C++ and aborts the process (exit code 134).
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+sys.argv = sys.argv[1:]
+try:
+    runpy.run_path(sys.argv[0], run_name="__main__")
+except SystemExit as end:
+    if not end.code:
+        leave()
+    raise
+leave()
+"""
+"""What ``--run-path`` runs: the script through ``runpy.run_path`` in a fresh interpreter, as
+torchrun runs it in a multiprocessing child. torchrun's child waits at the end until every local
+worker has returned, so no peer has gone while the group's threads still run; a script that
+ends without destroying its process group survives that. Here the group is destroyed once the
+script has ended well, which the way out then no longer races."""
+
+TORCH_TRUE_WORDS = ("1", "true", "t", "yes", "y")
+TORCH_FALSE_WORDS = ("0", "false", "f", "no", "n")
+"""How torch's rendezvous parameters read a boolean (``RendezvousParameters.get_as_bool``), any case."""
+
+
+def _is_integer(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_positive_integer(text: str) -> bool:
+    return _is_integer(text) and int(text) > 0
+
+
+def _is_torch_bool(text: str) -> bool:
+    return text.lower() in TORCH_TRUE_WORDS + TORCH_FALSE_WORDS
+
+
+_SECONDS = (_is_positive_integer, "a positive whole number of seconds")
+RDZV_CONF_READ: Mapping[str, Mapping[str, tuple[Callable[[str], bool], str]]] = {
+    "static": {"timeout": (_is_integer, "a whole number of seconds")},
+    "c10d": {
+        "join_timeout": _SECONDS,
+        "last_call_timeout": _SECONDS,
+        "close_timeout": _SECONDS,
+        "heartbeat_timeout": _SECONDS,
+        "read_timeout": _SECONDS,
+        "keep_alive_interval": (_is_integer, "a whole number of seconds"),
+        "keep_alive_max_attempt": (_is_integer, "a whole number"),
+        "is_host": (_is_torch_bool, "true or false"),
+    },
+}
+"""The rendezvous options torchrun 2.9 reads per backend, with what it accepts: static's handler
+reads only ``timeout`` (``int()``), c10d's handler and store only the keys listed. A key the
+chosen backend does not read is ignored, however it is spelt, as torchrun ignores it (xlarun's
+own ``token`` and, under static with several nodes, ``join_timeout``, ``heartbeat_timeout`` and
+``close_timeout`` are checked where the rendezvous reads them)."""
 
 
 @dataclass(frozen=True)
@@ -73,12 +132,21 @@ class LaunchConfig:
     kill_timeout: float = 30.0
     summary_file: Optional[str] = None
     dry_run: bool = False
+    allow_busy_device: bool = False
 
 
 def require_script(script: Optional[str]) -> str:
     if not script:
         raise UsageError("the following arguments are required: training_script (the script or command to run)")
     return script
+
+
+def check_rdzv_conf(backend: str, conf: Mapping[str, str]) -> None:
+    """Refuse a value the chosen backend would refuse, as torchrun would; other keys pass unread."""
+    for key, (accepts, expected) in RDZV_CONF_READ[backend].items():
+        if key in conf and not accepts(conf[key]):
+            raise UsageError(f"{flag('rdzv_conf')} {key}={conf[key]!r} is invalid: the {backend} rendezvous "
+                             f"reads it as {expected}")
 
 
 def build_config(values: OptionValues, script: Optional[str], script_args: tuple[str, ...],
@@ -106,6 +174,7 @@ def build_config(values: OptionValues, script: Optional[str], script_args: tuple
         rdzv_backend, rdzv_endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     if rdzv_backend in ("etcd", "etcd-v2"):
         raise UsageError(f"{flag('rdzv_backend')}={rdzv_backend} is not supported by xlarun: use static or c10d")
+    check_rdzv_conf(rdzv_backend, values["rdzv_conf"])
     node_rank = values["node_rank"]
     if rdzv_backend == "static":
         if node_rank >= max_nodes:
@@ -140,4 +209,5 @@ def build_config(values: OptionValues, script: Optional[str], script_args: tuple
         kill_timeout=values["kill_timeout"],
         summary_file=values["summary_file"],
         dry_run=values["dry_run"],
+        allow_busy_device=values["allow_busy_device"],
     )

@@ -2,8 +2,9 @@
 
 Usage::
 
-    device = plan_device(DeviceRequest("auto", "auto"), environ, nnodes=1, dry_run=False)
-    nproc = count_workers(NprocRequest(word="auto"), device, environ, dry_run=False)
+    device = plan_device(DeviceRequest("auto", "auto"), environ, nnodes=1, nproc=NprocRequest(word="auto"),
+                         dry_run=False)
+    nproc = count_workers(NprocRequest(word="auto"), device, environ)
     notices = check_device_plan(device, probe_node)   # lines for the caller to print
     device.variables(node, local_rank)                # what one worker gets
 
@@ -20,11 +21,11 @@ from typing import Mapping, Optional
 
 from xlarun.devices import host_root, local_unit_count, nvidia_gpu_count, resolve_device, tpu_generation
 from xlarun.exceptions import PlanError
-from xlarun.options import NprocRequest
+from xlarun.options import NprocRequest, flag
 from xlarun.packages import FIRST_WITH_CUDA_NAME, FIRST_WITHOUT_CUDA, installed_version, major_minor, preflight, \
-    resolve_runtime
+    release_of, resolve_runtime
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import XlaOptions, apply_user_precedence, tpu, xla_env
+from xlarun.runtimes import XlaOptions, apply_user_precedence, neuron, tpu, xla_env
 
 
 @dataclass(frozen=True)
@@ -42,17 +43,22 @@ class DeviceRequest:
 class DevicePlan:
     """What the device layer decided; the launcher only reports and applies it.
 
-    ``explicit`` says the user chose the device (the device option or ``PJRT_DEVICE``) rather
-    than detection. ``user_environ`` is the launcher's environment: a variable the user
-    set there is kept instead of the planned one.
+    ``user_environ`` is the launcher's environment: a variable the user set there is kept
+    instead of the planned one.
     """
 
     device: str = "cpu"
     runtime: str = "pjrt"
     xla: Optional[XlaOptions] = None
     spmd: bool = False
-    explicit: bool = False
     user_environ: Mapping[str, str] = field(default_factory=dict)
+    local_units: Optional[int] = None
+    """What ``--nproc-per-node auto`` starts: the device's units on this host, or on the host a
+    dry run assumes (:data:`DRY_RUN_HOSTS`); None for cpu and xpu, where torchrun's rule applies."""
+    notices: tuple[str, ...] = ()
+    """Lines to print before the workers start; a dry run shows the same lines."""
+    assumed: tuple[str, ...] = ()
+    """What a dry run assumed about a machine it cannot see, one line each."""
 
     def variables(self, node: NodeAssignment, local_rank: int) -> dict[str, str]:
         """The XLA variables one worker gets, less those the user set."""
@@ -65,29 +71,95 @@ class DevicePlan:
         return apply_user_precedence(xla_env(self.xla, node, local_rank), self.user_environ)
 
 
-def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: int, dry_run: bool) -> DevicePlan:
-    """Resolve device and runtime, check the installed packages can run them, and plan the variables."""
+@dataclass(frozen=True)
+class AssumedHost:
+    """A machine a dry run plans for when this host lacks the device asked for."""
+
+    units: int
+    """Its TPU chips, NeuronCores or GPUs: what ``--nproc-per-node auto`` would start there."""
+    name: str
+    lacking: str
+    """What this host lacks, as the dry run's line says it."""
+
+
+DRY_RUN_HOSTS: Mapping[str, AssumedHost] = {
+    "tpu": AssumedHost(4, "a TPU VM host with 4 chips in 2,2,1 (v4-8, v5p-8)", "TPU chips"),
+    "neuron": AssumedHost(32, "a trn1.32xlarge (32 NeuronCores)", "Neuron devices"),
+    "cuda": AssumedHost(8, "a host with 8 GPUs", "NVIDIA GPUs"),
+}
+"""What a dry run on a host without the device assumes, so that a laptop can plan for a TPU VM
+or a Trainium instance; the README lists these defaults."""
+
+TPU_HOST_8_CHIPS = AssumedHost(8, "a TPU VM host with 8 chips in 2,4,1 (v5litepod-8, v6e-8)", "TPU chips")
+"""The host a TPU dry run assumes instead when the worker count given needs more than 4 chips."""
+
+
+def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: int, nproc: NprocRequest,
+                dry_run: bool) -> DevicePlan:
+    """Resolve device and runtime, check the installed packages can run them, and plan the variables.
+
+    A dry run plans what a real run in the same environment would, with two differences: it
+    skips the package checks, and on a host without the device it plans for the host in
+    :data:`DRY_RUN_HOSTS`, saying so in :attr:`DevicePlan.assumed` where that changed the plan.
+    """
     root = host_root(environ)
     device = resolve_device(request.device, environ, root)
     torch_xla_version = installed_version("torch_xla")
     runtime = resolve_runtime(request.runtime, torch_xla_version)
+    notices: list[str] = []
     if (device == "cuda" and request.device == "auto" and "PJRT_DEVICE" not in environ
-            and not dry_run and not xla_has_cuda(torch_xla_version)):
+            and not xla_has_cuda(torch_xla_version)):
         # A GPU host running a plain torchrun job (NCCL, gloo) must not be refused for lack of XLA:GPU.
         device = "cpu"
+        if torch_xla_version is not None:
+            notices.append(f"this host has {nvidia_gpu_count(root)} NVIDIA GPUs, but torch_xla {torch_xla_version} "
+                           "has no XLA:GPU (only 2.2 to 2.8 do): workers get PJRT_DEVICE=CPU, so XLA tensors go "
+                           "to the CPU; plain CUDA and NCCL code is unaffected")
+    units = local_unit_count(device, root)
+    host = assumed_host(device, nproc, request.spmd) if dry_run and units == 0 else None
+    host_used = host is not None and nproc.word == "auto" and not request.spmd
     topology = None
     if device == "tpu":
-        topology = tpu.topology(environ, local_unit_count("tpu", root), nnodes, tpu_generation(root))
+        topology = tpu.topology(environ, units, nnodes, tpu_generation(root))
+        if topology is None and host is not None:
+            topology = tpu.topology(environ, host.units, nnodes, tpu_generation(root))
+            host_used = host_used or topology is not None
+    node_units = host.units if host is not None else units
+    if device == "neuron" and environ.get("NEURON_RT_VISIBLE_CORES"):
+        node_units = neuron.visible_core_count(environ["NEURON_RT_VISIBLE_CORES"]) or node_units
     xla = XlaOptions(device=device, runtime=runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
-                     coordinator_port=request.coordinator_port, tpu_topology=topology)
+                     coordinator_port=request.coordinator_port, tpu_topology=topology,
+                     release=release_of(torch_xla_version), local_units=node_units)
     if not dry_run:
-        preflight(device, runtime, spmd=request.spmd, virtual_devices=request.virtual_devices)
-    explicit = request.device != "auto" or "PJRT_DEVICE" in environ
-    return DevicePlan(device=device, runtime=runtime, xla=xla, spmd=request.spmd, explicit=explicit,
-                      user_environ=dict(environ))
+        preflight(device, runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
+                  tpu_library_path=environ.get("TPU_LIBRARY_PATH"),
+                  tpu_generation=tpu.generation_of(environ.get("TPU_ACCELERATOR_TYPE", "")) or tpu_generation(root))
+        if units == 0:
+            # Detection never picks a device the host lacks: it was asked for, by flag or PJRT_DEVICE.
+            raise PlanError(f"device {device} was asked for, but this host has no {DRY_RUN_HOSTS[device].lacking}: "
+                            f"run on a {device} host, or plan for one with {flag('dry_run')}")
+    assumed = (assumption(device, host),) if host is not None and host_used else ()
+    return DevicePlan(device=device, runtime=runtime, xla=xla, spmd=request.spmd,
+                      user_environ=dict(environ), local_units=host.units if host is not None else units,
+                      notices=tuple(notices), assumed=assumed)
 
 
-def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[str, str], *, dry_run: bool) -> int:
+def assumed_host(device: str, nproc: NprocRequest, spmd: bool) -> Optional[AssumedHost]:
+    """The machine a dry run plans for in place of this host, which lacks ``device`` (None for cpu, xpu)."""
+    if device == "tpu" and not spmd and (nproc.count or 0) > DRY_RUN_HOSTS["tpu"].units:
+        return TPU_HOST_8_CHIPS
+    return DRY_RUN_HOSTS.get(device)
+
+
+def assumption(device: str, host: AssumedHost) -> str:
+    """The line a dry run prints for the machine it assumed."""
+    another = f"give {flag('nproc_per_node')} N"
+    if device == "tpu":
+        another = f"set TPU_HOST_BOUNDS and TPU_CHIPS_PER_HOST_BOUNDS, or {another},"
+    return f"this host has no {host.lacking}: the plan assumes {host.name}; {another} to plan for another"
+
+
+def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[str, str]) -> int:
     """This node's worker count: a number as given; ``auto`` counts the device's local units.
 
     Raises :class:`PlanError` worded as a sentence about the requested count.
@@ -103,12 +175,10 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
         return 1
     if request.count is not None:
         return request.count
-    if request.word == "auto" and device.device not in ("cpu", "xpu"):
-        count = local_unit_count(device.device, host_root(environ))
-        if count:
-            return count
-        if not dry_run:
-            raise PlanError(f"found no {device.device} devices on this host: give a number, or pick the device")
+    if request.word == "auto" and device.local_units is not None:
+        if device.local_units:
+            return device.local_units
+        raise PlanError(f"found no {device.device} devices on this host: give a number, or pick the device")
     cpus = os.cpu_count() or 1
     gpus = nvidia_gpu_count(host_root(environ))
     if request.word == "cpu":
@@ -119,13 +189,33 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
 
 
 def check_device_plan(device: DevicePlan, probe: NodeAssignment) -> list[str]:
-    """Translate the probe's last worker now, so a plan the device cannot run fails before anything starts.
+    """Translate the probe's workers now, so a plan the device cannot run fails before anything starts.
 
     The device's rules (chips per host, SPMD, coordinator port) depend only on this node's
     worker count and the flags, not on what a rendezvous later decides. Returns the notices
-    to print: the user's own variables kept instead of planned ones (the same for every worker).
+    to print: the user's own variables kept instead of differing planned ones, each line once.
     """
-    return device.translate(probe, probe.local_world_size - 1)[1]
+    notices: list[str] = []
+    for local_rank in range(probe.local_world_size):
+        notices.extend(notice for notice in device.translate(probe, local_rank)[1] if notice not in notices)
+    return notices
+
+
+def cpu_split_world(device: DevicePlan, nproc_per_node: int, nnodes: int) -> Optional[str]:
+    """Why XLA collectives cannot join these CPU processes, or None where they can (or XLA is absent).
+
+    PJRT's CPU client has no cross-process collectives: every CPU process is an XLA world
+    of one, whatever the launcher says, so ``init_process_group("xla")`` or ``xla://``
+    joins nothing (on one node each process even serves the store itself).
+    """
+    if (device.device != "cpu" or device.runtime != "pjrt" or device.spmd or nproc_per_node * nnodes < 2
+            or installed_version("torch_xla") is None):
+        return None
+    processes = f"{nproc_per_node}" if nnodes == 1 else f"{nproc_per_node} x {nnodes}"
+    return (f"PJRT's CPU client makes each of the {processes} CPU processes an XLA world of its own (rank 0 of "
+            f"1), so init_process_group('xla') and xla:// join no other process; for several XLA devices use "
+            f"{flag('spmd')} {flag('virtual_devices')} N (one process), for collectives between CPU processes "
+            "the gloo backend")
 
 
 def xla_has_cuda(torch_xla_version: Optional[str]) -> bool:

@@ -8,6 +8,7 @@ prints the plan.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import shutil
@@ -17,11 +18,13 @@ from typing import Mapping, Optional
 
 from xlarun.agent import Agent, say
 from xlarun.config import LaunchConfig, build_config, require_script
-from xlarun.deviceplan import DevicePlan, DeviceRequest, check_device_plan, count_workers, plan_device
-from xlarun.exceptions import PlanError, UsageError
-from xlarun.options import DEFAULT_MASTER_PORT, flag, read_options
-from xlarun.plan import dry_run_document, omp_threads_default
-from xlarun.ports import free_port, taken_here
+from xlarun.deviceplan import DevicePlan, DeviceRequest, check_device_plan, count_workers, cpu_split_world, \
+    plan_device
+from xlarun.exceptions import LaunchError, PlanError, UsageError
+from xlarun.holders import busy_device_holders, busy_device_refusal, describe_holder
+from xlarun.options import DEFAULT_C10D_PORT, DEFAULT_MASTER_PORT, flag, read_options, split_endpoint
+from xlarun.plan import NodePlan, dry_run_document, omp_threads_default
+from xlarun.ports import free_port, host_port, taken_here
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous
 
@@ -33,7 +36,8 @@ class PreparedLaunch:
     config: LaunchConfig
     device: DevicePlan
     notices: tuple[str, ...]
-    """Lines to print before the workers start (the user's variables kept over planned ones)."""
+    """Lines to print before the workers start (the user's variables kept over planned ones, ...);
+    a dry run prints them too."""
 
 
 def prepare_launch(given: Mapping[str, Optional[str]], script: Optional[str], script_args: tuple[str, ...],
@@ -50,13 +54,20 @@ def prepare_launch(given: Mapping[str, Optional[str]], script: Optional[str], sc
     dry_run = values["dry_run"]
     request = DeviceRequest(device=values["device"], runtime=values["runtime"], spmd=values["spmd"],
                             virtual_devices=values["virtual_devices"], coordinator_port=values["coordinator_port"])
-    device = plan_device(request, environ, nnodes=values["nnodes"][1], dry_run=dry_run)
+    device = plan_device(request, environ, nnodes=values["nnodes"][1], nproc=values["nproc_per_node"],
+                         dry_run=dry_run)
     try:
-        nproc = count_workers(values["nproc_per_node"], device, environ, dry_run=dry_run)
+        nproc = count_workers(values["nproc_per_node"], device, environ)
     except PlanError as error:
         raise values.refuse("nproc_per_node", str(error)) from None
     config = build_config(values, script, script_args, environ, sys.executable, nproc_per_node=nproc)
-    notices = check_device_plan(device, probe_node(config))
+    notices = [*device.notices, *check_device_plan(device, probe_node(config))]
+    split = cpu_split_world(device, nproc, config.max_nodes)
+    if split is not None:
+        notices.append(f"warning: {split}")
+    if omp_threads_default(nproc, environ) is not None:
+        notices.append(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
+                       "workers per node); set OMP_NUM_THREADS yourself to choose another value")
     return PreparedLaunch(config, device, tuple(notices))
 
 
@@ -66,20 +77,32 @@ def launch_from_command_line(given: Mapping[str, Optional[str]], script: Optiona
     # Workers get the environment as it was when the launcher started, whatever it sets for itself.
     environ = dict(environ)
     prepared = prepare_launch(given, script, script_args, environ)
-    config, device, nproc = prepared.config, prepared.device, prepared.config.nproc_per_node
-    rendezvous = choose_rendezvous(config, environ)
-    if config.dry_run:
-        return print_plan(config, device, rendezvous, environ)
-    check_command(config)
+    if prepared.config.dry_run:
+        return print_plan(prepared, environ)
+    if not prepared.config.allow_busy_device:
+        refuse_busy_device(prepared.device.device, environ)
+    rendezvous = choose_rendezvous(prepared.config, environ)
+    check_command(prepared.config)
     for notice in prepared.notices:
         say(notice)
-    if device.explicit and device.device == "cpu" and nproc > 1:
-        say(f"warning: {nproc} CPU processes: PJRT's CPU client has no cross-process collectives, so each "
-            f"XLA process runs alone; use {flag('spmd')} {flag('virtual_devices')} N, or the gloo backend")
-    if omp_threads_default(nproc, environ) is not None:
-        say(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
-            "workers per node); set OMP_NUM_THREADS yourself to choose another value")
-    return Agent(config, device, rendezvous, environ).run()
+    agent = Agent(prepared.config, prepared.device, rendezvous, environ)
+    code = agent.run()
+    explain_split_world_failure(agent, prepared)
+    return code
+
+
+def explain_split_world_failure(agent: Agent, prepared: PreparedLaunch) -> None:
+    """After the report of a CPU run that failed on a taken store port, name the split world as the cause.
+
+    On one node no agent serves a store, so under ``xla://`` every CPU process, each rank 0 of
+    its own world, tries to serve one at MASTER_PORT, and all but the first fail to bind it.
+    """
+    config = prepared.config
+    split = cpu_split_world(prepared.device, config.nproc_per_node, config.max_nodes)
+    root = agent.summary.root_cause if agent.summary is not None else None
+    if split is not None and root is not None and "EADDRINUSE" in str(root.get("traceback")):
+        say(f"each CPU process took itself for rank 0 and served the store at MASTER_PORT, so all but one failed "
+            f"to bind it: {split}")
 
 
 def apply_cluster(kind: str, given: Mapping[str, Optional[str]],
@@ -120,10 +143,6 @@ def probe_node(config: LaunchConfig) -> NodeAssignment:
 def choose_rendezvous(config: LaunchConfig, environ: Mapping[str, str]) -> Rendezvous:
     if config.standalone:
         return FixedRendezvous(config.rdzv_id, "localhost", free_port())
-    if config.dry_run:
-        # A plan needs no other node: ranks as the flags give them.
-        return FixedRendezvous(config.rdzv_id, config.master_addr, config.master_port,
-                               node_rank=config.node_rank, nnodes=config.max_nodes)
     if config.max_nodes == 1 and config.rdzv_backend == "static":
         if taken_here(config.master_addr, config.master_port):
             raise UsageError(f"master port {config.master_port} on {config.master_addr} is already in use: pick "
@@ -132,6 +151,16 @@ def choose_rendezvous(config: LaunchConfig, environ: Mapping[str, str]) -> Rende
     from xlarun.rendezvous.distributed import connect
 
     return connect(config, environ)
+
+
+def refuse_busy_device(device: str, environ: Mapping[str, str]) -> None:
+    """Stop before anything starts when other processes hold the device (an earlier run's workers,
+    typically): the runtime would fail later, deep inside, without naming them."""
+    holders = busy_device_holders(device, environ)
+    if holders:
+        for holder in holders:
+            say(describe_holder(holder))
+        raise LaunchError(busy_device_refusal(device, holders))
 
 
 def check_command(config: LaunchConfig) -> None:
@@ -144,11 +173,57 @@ def check_command(config: LaunchConfig) -> None:
         raise UsageError(f"training script not found: {command.script}")
 
 
-def print_plan(config: LaunchConfig, device: DevicePlan, rendezvous: Rendezvous, environ: Mapping[str, str]) -> int:
-    node = rendezvous.assign(0, config.nproc_per_node)
-    run_dir = os.path.join(config.log_dir or "<log_dir>", f"{node.run_id}_<random>")
-    document = dry_run_document(config, node, device, environ,
-                                lambda local_rank: os.path.join(run_dir, "attempt_0", str(local_rank), "error.json"))
+def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:
+    """This node as the rendezvous :func:`choose_rendezvous` picks would place it, for a dry run.
+
+    A dry run meets no other node, so what only a real rendezvous decides gets a stand-in
+    value, and :attr:`NodePlan.alternative` another one, which the plan marks wherever it
+    shows: c10d's node ranks, world size and workers' store (node rank 0's agent serves it on
+    a port the kernel picks), and the free port and fresh run id ``--standalone`` takes at start.
+    """
+    nproc = config.nproc_per_node
+    # Stand-in master ports; never the coordinator port given, which a master port must differ from.
+    override = device.xla.coordinator_port if device.xla is not None else None
+    port, other_port = [p for p in range(DEFAULT_MASTER_PORT, DEFAULT_MASTER_PORT + 3) if p != override][:2]
+    if config.standalone:
+        node = NodeAssignment.single_node(config.rdzv_id, nproc, "localhost", port)
+        return NodePlan(node, dataclasses.replace(node, master_port=other_port, run_id=f"{node.run_id}-other"))
+    if config.max_nodes == 1 and config.rdzv_backend == "static":
+        return NodePlan(NodeAssignment.single_node(config.rdzv_id, nproc, config.master_addr, config.master_port))
+    if config.rdzv_backend == "static":
+        # Node 0's agent serves the job's store, at the endpoint when one is given; the workers'
+        # first attempt uses it as torchrun's agent store.
+        host, store_port = ((config.master_addr, config.master_port) if not config.rdzv_endpoint
+                            else split_endpoint(config.rdzv_endpoint, config.master_port))
+        node = NodeAssignment.single_node(config.rdzv_id, nproc, host, store_port, node_rank=config.node_rank,
+                                          nnodes=config.max_nodes)
+        return NodePlan(dataclasses.replace(node, agent_store=True), endpoint=host_port(host, store_port),
+                        assumed=(f"ranks and world size assume every node runs as many workers as this one "
+                                 f"({nproc}); the rendezvous adds up the nodes' real counts",))
+    host, store_port = split_endpoint(config.rdzv_endpoint or f"{config.master_addr}:{DEFAULT_C10D_PORT}",
+                                      DEFAULT_C10D_PORT)
+    node = NodeAssignment(run_id=config.rdzv_id, node_rank=0, nnodes=config.min_nodes, local_world_size=nproc,
+                          rank_offset=0, world_size=config.min_nodes * nproc, master_addr=host, master_port=port,
+                          agent_store=True)
+    other = dataclasses.replace(node, master_addr=f"{host}-other", master_port=other_port)
+    if config.max_nodes > 1:
+        other = dataclasses.replace(other, node_rank=1, rank_offset=nproc, world_size=node.world_size + 1,
+                                    nnodes=node.nnodes + (config.min_nodes != config.max_nodes))
+    return NodePlan(node, other, endpoint=host_port(host, store_port))
+
+
+def print_plan(prepared: PreparedLaunch, environ: Mapping[str, str]) -> int:
+    """Print the dry run's plan on stdout, and on stderr the lines a real run would print with what was assumed."""
+    config, device = prepared.config, prepared.device
+    planned = plan_node(config, device)
+    log_dir = config.log_dir or "<log_dir>"
+    document = dry_run_document(config, planned, device, environ,
+                                lambda run_id, local_rank: os.path.join(log_dir, f"{run_id}_<random>", "attempt_0",
+                                                                        str(local_rank), "error.json"),
+                                notices=prepared.notices)
+    document["device_holders"] = [holder.as_dict() for holder in busy_device_holders(device.device, environ)]
+    for line in (*document["notices"], *document["assumed"]):
+        say(line)
     json.dump(document, sys.stdout, indent=2)
     sys.stdout.write("\n")
     return 0

@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 from xlarun.devices import DEVICES
 from xlarun.exceptions import UsageError
 from xlarun.packages import RUNTIMES
+from xlarun.runtimes import COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
 
 TORCHRUN = "torchrun"
 XLARUN = "xlarun"
@@ -37,6 +38,8 @@ LOGS_SPECS = ("default",)
 CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "mpi")
 
 DEFAULT_MASTER_PORT = 29500
+DEFAULT_C10D_PORT = 29400
+"""The c10d endpoint's port when it names none, as torchrun's."""
 
 STDOUT = 1
 STDERR = 2
@@ -169,13 +172,24 @@ def parse_rank_set(text: str) -> Optional[frozenset[int]]:
 
 
 def parse_rdzv_conf(text: str) -> dict[str, str]:
+    """torchrun's ``key=value,...``: every item needs a key and a value, both stripped; values are
+    checked later, and only where the rendezvous backend reads them (:mod:`xlarun.config`)."""
     conf: dict[str, str] = {}
-    for item in filter(None, (part.strip() for part in text.split(","))):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
+    if not text.strip():
+        return conf
+    for item in text.strip().split(","):
+        key, _, value = item.partition("=")
+        if not key.strip() or not value.strip():
             raise InvalidValue(f"{item!r} is not key=value")
         conf[key.strip()] = value.strip()
     return conf
+
+
+def parse_host(text: str) -> str:
+    """A host name or address: an empty one would leave the workers nowhere to meet."""
+    if not text.strip():
+        raise InvalidValue("empty")
+    return text
 
 
 def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
@@ -248,6 +262,10 @@ class Option:
     variable: Optional[str] = None
     """The environment variable that stands in for the flag when it is not given:
     ``PET_<NAME>`` for torchrun's flags, as torchrun reads them; named per row for xlarun's."""
+    metavar: str = ""
+    """How ``--help`` names the value (``N``, ``PATH``, ``static|c10d``); empty for a switch."""
+    shown_default: Optional[str] = None
+    """The default as ``--help`` words it where ``default`` alone says too little (empty, or a rule)."""
 
     @property
     def dest(self) -> str:
@@ -269,73 +287,118 @@ class Option:
 
 
 def _torchrun(spellings: tuple[str, ...], help_text: str, parse: Optional[Callable[[str], Any]] = None,
-              default: Optional[str] = None, allowed: str = "") -> Option:
-    return Option(spellings, help_text, parse, default, allowed)
+              default: Optional[str] = None, allowed: str = "", *, metavar: str = "",
+              shown_default: Optional[str] = None) -> Option:
+    return Option(spellings, help_text, parse, default, allowed, metavar=metavar, shown_default=shown_default)
 
 
 def _xlarun(spellings: tuple[str, ...], help_text: str, parse: Optional[Callable[[str], Any]] = None,
-            default: Optional[str] = None, allowed: str = "", variable: Optional[str] = None) -> Option:
-    return Option(spellings, help_text, parse, default, allowed, XLARUN, variable)
+            default: Optional[str] = None, allowed: str = "", variable: Optional[str] = None, *, metavar: str = "",
+            shown_default: Optional[str] = None) -> Option:
+    return Option(spellings, help_text, parse, default, allowed, XLARUN, variable, metavar, shown_default)
+
+
+def _choices(choices: tuple[str, ...]) -> str:
+    return "|".join(choices)
+
+
+STREAMS_METAVAR = "0-3|RANK:0-3,..."
+COORDINATOR_RULE = (f"{UNPRIVILEGED_PORTS[0]} + (MASTER_PORT - {UNPRIVILEGED_PORTS[0]} + {COORDINATOR_PORT_SHIFT}) "
+                    f"mod {UNPRIVILEGED_PORTS[1] - UNPRIVILEGED_PORTS[0] + 1}, "
+                    f"{coordinator_port(DEFAULT_MASTER_PORT)} for {DEFAULT_MASTER_PORT}")
 
 
 OPTIONS: tuple[Option, ...] = (
     # torchrun 2.9's flags, in the order its --help lists them.
-    _torchrun(("--nnodes",), "Number of nodes, N or MIN:MAX.", parse_nnodes, "1:1",
-              "expected N or MIN:MAX with 0 < MIN <= MAX"),
-    _torchrun(("--nproc-per-node", "--nproc_per_node"), "Workers per node: N, auto, cpu or gpu.", parse_nproc, "1",
-              "expected a positive integer, auto, cpu or gpu"),
-    _torchrun(("--rdzv-backend", "--rdzv_backend"), "Rendezvous backend: static or c10d.", choice(RDZV_BACKENDS),
-              "static", one_of(RDZV_BACKENDS)),
-    _torchrun(("--rdzv-endpoint", "--rdzv_endpoint"), "Rendezvous endpoint, host[:port].", parse_endpoint, "",
-              "expected host[:port], IPv6 as [addr]:port"),
-    _torchrun(("--rdzv-id", "--rdzv_id"), "Job id shared by all nodes.", text, "none"),
-    _torchrun(("--rdzv-conf", "--rdzv_conf"), "Rendezvous options, key=value,...", parse_rdzv_conf, "",
-              "expected key=value[,key=value...]"),
-    _torchrun(("--standalone",), "Single node on a free port with a fresh run id."),
-    _torchrun(("--max-restarts", "--max_restarts"), "Group restarts before failing.", parse_non_negative_int, "0",
-              "expected a non-negative integer"),
-    _torchrun(("--monitor-interval", "--monitor_interval"), "Accepted for compatibility: exits are seen at once.",
-              parse_positive_float, "0.1", "expected a positive number of seconds"),
-    _torchrun(("--start-method", "--start_method"), "spawn, fork or forkserver (accepted; workers are processes).",
-              choice(START_METHODS), "spawn", one_of(START_METHODS)),
-    _torchrun(("--event-log-handler", "--event_log_handler"), "Accepted for compatibility.", text, "null"),
-    _torchrun(("--role",), "Worker role name (ROLE_NAME, log prefix).", text, "default"),
-    _torchrun(("-m", "--module"), "Run the script as a module: python -u -m."),
-    _torchrun(("--no-python", "--no_python"), "Execute the script directly, without python."),
-    _torchrun(("--run-path", "--run_path"), "Run the script with runpy.run_path."),
-    _torchrun(("--log-dir", "--log_dir"), "Base directory for worker logs.", text),
-    _torchrun(("-r", "--redirects"), "Redirect streams to files: 0-3 or LOCAL_RANK:0-3,...", parse_stream_spec,
-              "0", STREAMS_ALLOWED),
-    _torchrun(("-t", "--tee"), "Tee streams to files and console: 0-3 or LOCAL_RANK:0-3,...", parse_stream_spec,
-              "0", STREAMS_ALLOWED),
-    _torchrun(("--local-ranks-filter", "--local_ranks_filter"), "Local ranks shown on the console, e.g. 0,1.",
-              parse_rank_set, "", "expected a comma-separated list of local ranks, e.g. 0,1,2"),
-    _torchrun(("--node-rank", "--node_rank"), "This node's rank (static rendezvous).", parse_non_negative_int, "0",
-              "expected a non-negative integer"),
-    _torchrun(("--master-addr", "--master_addr"), "Address of node 0 (static rendezvous).", text, "127.0.0.1"),
-    _torchrun(("--master-port", "--master_port"), "Port of node 0's store (static rendezvous).", parse_port,
-              str(DEFAULT_MASTER_PORT), "expected a port number 0..65535"),
-    _torchrun(("--local-addr", "--local_addr"), "This node's address.", text),
-    _torchrun(("--logs-specs", "--logs_specs"), "Logs specs; only 'default'.", choice(LOGS_SPECS),
-              allowed="xlarun has only 'default'"),
-    _torchrun(("--numa-binding", "--numa_binding"), "node, socket, exclusive or core-complex (accepted).",
-              choice(NUMA_BINDINGS), allowed=one_of(NUMA_BINDINGS)),
+    _torchrun(("--nnodes",), "Number of nodes; a range MIN:MAX lets a c10d job start with MIN.", parse_nnodes,
+              "1:1", "expected N or MIN:MAX with 0 < MIN <= MAX", metavar="N|MIN:MAX"),
+    _torchrun(("--nproc-per-node", "--nproc_per_node"),
+              "Workers on this node. auto: one per TPU chip, NeuronCore or GPU of the device (on cpu: the GPUs, "
+              "else the CPUs); gpu: the GPUs; cpu: the CPUs. Always 1 under --spmd.", parse_nproc, "1",
+              "expected a positive integer, auto, cpu or gpu", metavar="N|auto|gpu|cpu"),
+    _torchrun(("--rdzv-backend", "--rdzv_backend"),
+              "How nodes meet. static: each node gives --node-rank, node 0 serves the store at --master-addr and "
+              "--master-port. c10d: node ranks are assigned at --rdzv-endpoint. etcd is refused.",
+              choice(RDZV_BACKENDS), "static", one_of(RDZV_BACKENDS), metavar="static|c10d"),
+    _torchrun(("--rdzv-endpoint", "--rdzv_endpoint"),
+              f"The c10d store, IPv6 as [addr]:port; the port defaults to {DEFAULT_C10D_PORT}. With static and "
+              "several nodes it replaces --master-addr and --master-port.", parse_endpoint, "",
+              "expected host[:port], IPv6 as [addr]:port", metavar="HOST[:PORT]",
+              shown_default=f"MASTER_ADDR:{DEFAULT_C10D_PORT} under c10d"),
+    _torchrun(("--rdzv-id", "--rdzv_id"), "Job id, the same on every node; workers get it as TORCHELASTIC_RUN_ID.",
+              text, "none", metavar="ID"),
+    _torchrun(("--rdzv-conf", "--rdzv_conf"),
+              "Rendezvous options: join_timeout (600 s), last_call_timeout (30), close_timeout (30), "
+              "heartbeat_timeout (5), timeout (the static join, as join_timeout), is_host (true: this node serves "
+              "the c10d store), token (the job's shared token, or XLARUN_RDZV_TOKEN). Other keys are ignored.",
+              parse_rdzv_conf, "", "expected key=value[,key=value...]", metavar="KEY=VALUE,...", shown_default=""),
+    _torchrun(("--standalone",), "One node on a free localhost port with a fresh run id; the rendezvous flags are "
+                                 "ignored."),
+    _torchrun(("--max-restarts", "--max_restarts"), "Restart every node's workers together after a failure, up to "
+                                                    "N times.", parse_non_negative_int, "0",
+              "expected a non-negative integer", metavar="N"),
+    _torchrun(("--monitor-interval", "--monitor_interval"), "Accepted, unused: worker exits are seen as they happen.",
+              parse_positive_float, "0.1", "expected a positive number of seconds", metavar="SECONDS"),
+    _torchrun(("--start-method", "--start_method"), "Accepted, unused: workers are always fresh processes.",
+              choice(START_METHODS), "spawn", one_of(START_METHODS), metavar=_choices(START_METHODS)),
+    _torchrun(("--event-log-handler", "--event_log_handler"), "Accepted, unused.", text, "null", metavar="NAME"),
+    _torchrun(("--role",), "Worker role: ROLE_NAME and the log prefix.", text, "default", metavar="NAME"),
+    _torchrun(("-m", "--module"), "Run the script as a module: python -u -m MODULE."),
+    _torchrun(("--no-python", "--no_python"), "Execute the script directly, not with python."),
+    _torchrun(("--run-path", "--run_path"), "Run the script with runpy.run_path in a fresh interpreter."),
+    _torchrun(("--log-dir", "--log_dir"), "Base directory of the workers' logs and error files.", text,
+              metavar="PATH", shown_default="a temporary directory"),
+    _torchrun(("-r", "--redirects"), "Worker streams to files only: 0 none, 1 stdout, 2 stderr, 3 both; per local "
+                                     "rank as 0:3,1:1.", parse_stream_spec, "0", STREAMS_ALLOWED,
+              metavar=STREAMS_METAVAR),
+    _torchrun(("-t", "--tee"), "Worker streams to files and to the console, prefixed [role local_rank]:; values as "
+                               "--redirects.", parse_stream_spec, "0", STREAMS_ALLOWED, metavar=STREAMS_METAVAR),
+    _torchrun(("--local-ranks-filter", "--local_ranks_filter"), "Local ranks shown on the console, e.g. 0,1; the "
+                                                                "files keep every rank.",
+              parse_rank_set, "", "expected a comma-separated list of local ranks, e.g. 0,1,2", metavar="RANK,...",
+              shown_default="every rank"),
+    _torchrun(("--node-rank", "--node_rank"), "This node's rank, 0 to nnodes-1 (static).", parse_non_negative_int,
+              "0", "expected a non-negative integer", metavar="N"),
+    _torchrun(("--master-addr", "--master_addr"), "Node 0's address (static): its store listens there; the workers' "
+                                                  "MASTER_ADDR.", parse_host, "127.0.0.1", "expected a host name or address",
+              metavar="HOST"),
+    _torchrun(("--master-port", "--master_port"), "Port of node 0's store (static); the workers' MASTER_PORT.",
+              parse_port, str(DEFAULT_MASTER_PORT), "expected a port number 0..65535", metavar="PORT"),
+    _torchrun(("--local-addr", "--local_addr"), "This node's address as the others reach it (c10d: where node rank "
+                                                "0 serves the workers' store).", text, metavar="HOST",
+              shown_default="the address that routes to the store"),
+    _torchrun(("--logs-specs", "--logs_specs"), "Logs specs; only 'default' exists.", choice(LOGS_SPECS),
+              allowed="xlarun has only 'default'", metavar="NAME", shown_default="default"),
+    _torchrun(("--numa-binding", "--numa_binding"), "Validated, not applied: workers are not bound to NUMA nodes.",
+              choice(NUMA_BINDINGS), allowed=one_of(NUMA_BINDINGS), metavar=_choices(NUMA_BINDINGS)),
     # xlarun's own.
-    _xlarun(("--dry-run", "--dry_run"), "Print the launch plan as JSON and start nothing."),
-    _xlarun(("--kill-timeout", "--kill_timeout"), "Seconds between SIGTERM and SIGKILL at teardown (default 30).",
-            parse_seconds, "30", "expected a number of seconds >= 0"),
-    _xlarun(("--summary-file", "--summary_file"), "Write a JSON record of the run to this path.",
-            parse_summary_file, allowed="give a path to the JSON file to write"),
-    _xlarun(("--device",), "auto, tpu, neuron, cuda, cpu or xpu (env XLARUN_DEVICE).", choice(DEVICES), "auto",
-            one_of(DEVICES), variable="XLARUN_DEVICE"),
-    _xlarun(("--runtime",), "auto, pjrt or xrt.", choice(RUNTIMES), "auto", one_of(RUNTIMES)),
-    _xlarun(("--spmd",), "One process per node that sees every local device."),
-    _xlarun(("--virtual-devices", "--virtual_devices"), "CPU devices per process (CPU_NUM_DEVICES).",
-            parse_positive_int, allowed="expected a positive integer"),
-    _xlarun(("--coordinator-port", "--coordinator_port"), "Port of the XLA coordinator (default: a fixed rule).",
-            parse_nonzero_port, allowed="expected a port number 1..65535"),
-    _xlarun(("--cluster",), "none, auto, slurm, k8s, gke-tpu or mpi (env XLARUN_CLUSTER).", choice(CLUSTER_KINDS),
-            "none", one_of(CLUSTER_KINDS), variable="XLARUN_CLUSTER"),
+    _xlarun(("--dry-run", "--dry_run"), "Print the plan as JSON (every worker's argv and environment) and start "
+                                        "nothing; values a rendezvous decides read <decided at rendezvous>."),
+    _xlarun(("--kill-timeout", "--kill_timeout"), "Grace between SIGTERM and SIGKILL when workers are stopped.",
+            parse_seconds, "30", "expected a number of seconds >= 0", metavar="SECONDS"),
+    _xlarun(("--summary-file", "--summary_file"), "Write a JSON record of the run for CI: result, exit_code, "
+                                                  "root_cause, attempts.",
+            parse_summary_file, allowed="give a path to the JSON file to write", metavar="PATH"),
+    _xlarun(("--device",), "XLA device, the workers' PJRT_DEVICE. auto: PJRT_DEVICE if set, else this host's TPU "
+                           "chips, Neuron devices or NVIDIA GPUs, else cpu.", choice(DEVICES), "auto",
+            one_of(DEVICES), variable="XLARUN_DEVICE", metavar=_choices(DEVICES)),
+    _xlarun(("--runtime",), "XLA runtime. auto: xrt with torch_xla 2.0 or older, else pjrt; xrt needs torch_xla "
+                            "2.0 or older (2.1 removed it).", choice(RUNTIMES), "auto", one_of(RUNTIMES),
+            metavar=_choices(RUNTIMES)),
+    _xlarun(("--spmd",), "One process per node that sees every local device (FSDPv2); on TPU every chip of the host "
+                         "is visible to it. The program switches SPMD on with torch_xla.runtime.use_spmd() "
+                         "(xlarun.init_process_group() calls it); XLA_USE_SPMD=1 is set on Neuron only."),
+    _xlarun(("--virtual-devices", "--virtual_devices"), "CPU only: N XLA devices in each process (CPU_NUM_DEVICES).",
+            parse_positive_int, allowed="expected a positive integer", metavar="N"),
+    _xlarun(("--coordinator-port", "--coordinator_port"), "Port of the XLA coordinator at MASTER_ADDR (Neuron's "
+                                                          "root communicator, XLA:GPU's coordinator, XRT's mesh).",
+            parse_nonzero_port, allowed="expected a port number 1..65535", metavar="PORT",
+            shown_default=COORDINATOR_RULE),
+    _xlarun(("--cluster",), "Take the node count, node rank and node 0 from the scheduler (Slurm, Kubeflow, GKE "
+                            "TPU, Open MPI); flags win. auto: whichever is present.", choice(CLUSTER_KINDS),
+            "none", one_of(CLUSTER_KINDS), variable="XLARUN_CLUSTER", metavar=_choices(CLUSTER_KINDS)),
+    _xlarun(("--allow-busy-device", "--allow_busy_device"),
+            "Start even though other processes hold the device files (a device shared on purpose)."),
 )
 
 OPTIONS_BY_DEST: Mapping[str, Option] = {option.dest: option for option in OPTIONS}

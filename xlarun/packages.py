@@ -14,6 +14,7 @@ import sys
 from typing import Callable, Optional
 
 from xlarun.exceptions import PlanError
+from xlarun.runtimes.releases import NEWEST, SUPPORTED, TPU_GENERATION_FIRST_RELEASE, XPU_FIRST_RELEASE, Release
 
 RUNTIMES = ("auto", "pjrt", "xrt")
 
@@ -23,6 +24,10 @@ VersionLookup = Callable[[str], Optional[str]]
 FIRST_WITHOUT_XRT = (2, 1)
 FIRST_WITH_CUDA_NAME = (2, 2)
 FIRST_WITHOUT_CUDA = (2, 9)
+
+LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
+"""The packages that carry libtpu (``torch_xla[tpu]`` installs ``libtpu``); a ``+libtpu`` build of
+torch_xla bundles its own."""
 
 _LEADING_MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
 
@@ -60,6 +65,18 @@ def major_minor(version: str) -> tuple[int, int]:
     return int(match.group(1)), int(match.group(2))
 
 
+def release_of(torch_xla_version: str | None) -> Release:
+    """The release ``(X, Y)`` of a torch_xla version; the newest supported where none is installed
+    (a dry run plans for another machine)."""
+    return NEWEST if torch_xla_version is None else major_minor(torch_xla_version)
+
+
+def supported_releases_text() -> str:
+    """The supported releases in words, for refusals."""
+    return (f"{_version_text(SUPPORTED[0])} to {_version_text(SUPPORTED[-1])} under PJRT, "
+            f"or {_version_text((FIRST_WITHOUT_XRT[0], FIRST_WITHOUT_XRT[1] - 1))} and older under XRT")
+
+
 def resolve_runtime(requested: str, torch_xla_version: str | None) -> str:
     """Turn the requested runtime into ``"pjrt"`` or ``"xrt"``.
 
@@ -87,12 +104,15 @@ def _version_text(version: tuple[int, int]) -> str:
 
 
 def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices: int | None = None,
+              tpu_library_path: str | None = None, tpu_generation: int | None = None,
               version_of: VersionLookup = installed_version) -> None:
     """Refuse, before anything starts, a plan the installed packages cannot run.
 
     ``device`` and ``runtime`` are already resolved, and :class:`xlarun.runtimes.XlaOptions`
-    has checked that they fit together. Raises :class:`PlanError` with
-    one line naming the conflict and what would work.
+    has checked that they fit together. ``tpu_library_path`` is ``TPU_LIBRARY_PATH``, where
+    torch_xla finds a libtpu that no package installed; ``tpu_generation`` is the host's TPU
+    generation when known. Raises :class:`PlanError` with one line naming the conflict and
+    what would work.
     """
     torch_xla_version = version_of("torch_xla")
     if torch_xla_version is None:
@@ -110,6 +130,9 @@ def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices:
         raise PlanError(f"torch_xla {torch_xla_version} needs torch {_version_text(xla)}.x, "
                          f"but torch {torch_version} is installed: install matching releases")
 
+    if xla > SUPPORTED[-1] and needs_torch_xla(device, spmd, virtual_devices):
+        raise PlanError(f"torch_xla {torch_xla_version} is newer than the releases xlarun's device settings "
+                        f"are checked against ({supported_releases_text()}): install one of those")
     if runtime == "xrt" and xla >= FIRST_WITHOUT_XRT:
         raise PlanError(f"the XRT runtime needs torch_xla 2.0 or older (2.1 removed XRT), "
                         f"but torch_xla {torch_xla_version} is installed: use the PJRT runtime")
@@ -120,6 +143,18 @@ def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices:
         if runtime == "pjrt" and xla < FIRST_WITH_CUDA_NAME:
             raise PlanError(f"device cuda under PJRT needs torch_xla 2.2 to 2.8, but torch_xla "
                             f"{torch_xla_version} is installed: upgrade, or use the XRT runtime with 2.0 or older")
+    if (device == "tpu" and runtime == "pjrt" and not tpu_library_path and "libtpu" not in torch_xla_version
+            and all(version_of(name) is None for name in LIBTPU_DISTRIBUTIONS)):
+        raise PlanError(f"device tpu needs libtpu, which is not installed in this Python: "
+                        f"pip install 'torch_xla[tpu]=={torch_xla_version}', or set TPU_LIBRARY_PATH")
+    if device == "xpu" and xla < XPU_FIRST_RELEASE:
+        raise PlanError(f"device xpu needs torch_xla {_version_text(XPU_FIRST_RELEASE)} or newer (its PJRT plugin "
+                        f"came in that release), but torch_xla {torch_xla_version} is installed")
+    generation = TPU_GENERATION_FIRST_RELEASE.get(tpu_generation or 0)
+    if device == "tpu" and generation is not None and xla < generation[1]:
+        name, first = generation
+        raise PlanError(f"{name} chips need torch_xla {_version_text(first)} or newer (older releases cannot read "
+                        f"their accelerator type), but torch_xla {torch_xla_version} is installed")
     if device == "neuron" and version_of("libneuronxla") is None:
         raise PlanError("device neuron needs the AWS Neuron SDK's libneuronxla package, "
                          "which is not installed in this Python")

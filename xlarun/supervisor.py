@@ -12,8 +12,13 @@ children. Exits are seen through pidfds the moment they happen (no polling). The
 failure, a stop signal or a stop request tears the whole group down: the signal to every
 process group (including groups whose leader already exited but whose children live on),
 ``kill_timeout`` seconds of grace, then SIGKILL. SIGUSR1 and SIGUSR2 are passed to every
-worker and the run goes on. An :class:`OrphanGuard` kills the groups if the launcher itself
-is killed before it could.
+worker and the run goes on. An :class:`~xlarun.guard.OrphanGuard` kills the groups if the
+launcher itself is killed before it could.
+
+The loop keeps one :class:`Worker` per worker: its spec, its process (and so its process
+group), the pidfd it waits on, its pipes and relays, and its result. Processes come from a
+factory (:class:`PosixProcess` unless told otherwise), so the loop runs against stand-ins in
+unit tests.
 """
 
 from __future__ import annotations
@@ -24,8 +29,9 @@ import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
-from typing import IO, Callable, Iterable, Optional
+from typing import IO, Callable, Iterable, Optional, Protocol
 
+from xlarun.guard import OrphanGuard
 from xlarun.logs import StreamPlan, StreamRelay, WorkerLogPlan, read_tail
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
@@ -115,70 +121,6 @@ def _ignore_in_handler(signum: int, frame: object) -> None:
     """The wakeup fd already told the loop; nothing else happens inside the handler."""
 
 
-class OrphanGuard:
-    """A forked watchdog that kills the workers' process groups if the launcher dies first.
-
-    torchrun's workers outlive a launcher killed with SIGKILL. Here a small child process
-    holds one end of a pipe: the launcher writes each new process group id to it, and a
-    clean exit writes ``done``. End-of-file without ``done`` means the launcher died, and
-    the guard sends SIGKILL to every group it was told about.
-    """
-
-    def __init__(self) -> None:
-        self._write_fd = -1
-        self._pid = 0
-
-    def start(self) -> "OrphanGuard":
-        read_fd, self._write_fd = os.pipe2(os.O_CLOEXEC)
-        self._pid = os.fork()
-        if self._pid == 0:
-            os.close(self._write_fd)
-            _guard_main(read_fd)
-        os.close(read_fd)
-        return self
-
-    def watch(self, pgid: int) -> None:
-        os.write(self._write_fd, f"{pgid}\n".encode())
-
-    def release(self) -> None:
-        if self._pid:
-            os.write(self._write_fd, b"done\n")
-            os.close(self._write_fd)
-            os.waitpid(self._pid, 0)
-            self._pid = 0
-
-
-def _guard_main(read_fd: int) -> None:
-    for number in STOP_SIGNALS + RELAYED_SIGNALS:
-        signal.signal(number, signal.SIG_IGN)
-    devnull = os.open(os.devnull, os.O_RDWR)
-    for target in (0, 1, 2):
-        os.dup2(devnull, target)
-    os.closerange(3, read_fd)
-    os.closerange(read_fd + 1, 4096)
-    groups: list[int] = []
-    buffered = b""
-    while True:
-        try:
-            chunk = os.read(read_fd, 4096)
-        except InterruptedError:
-            continue
-        if not chunk:
-            break
-        buffered += chunk
-        *lines, buffered = buffered.split(b"\n")
-        for line in lines:
-            if line == b"done":
-                os._exit(0)
-            groups.append(int(line))
-    for pgid in groups:
-        try:
-            os.killpg(pgid, signal.SIGKILL)
-        except OSError:
-            pass
-    os._exit(0)
-
-
 def group_members(pgid: int) -> list[int]:
     """Live processes of a process group (found in /proc), zombies excluded."""
     members = []
@@ -198,11 +140,108 @@ def group_members(pgid: int) -> list[int]:
     return members
 
 
-def signal_group(pgid: int, number: int) -> None:
+def signal_group(pgid: int, number: int) -> bool:
+    """Send ``number`` to a process group; False when the group is empty."""
     try:
         os.killpg(pgid, number)
-    except (ProcessLookupError, PermissionError):
-        pass  # nothing left in the group that this launcher may signal
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # members this launcher may not signal (they changed user): the group is not empty
+    return True
+
+
+StreamTarget = Optional[int]
+"""What a worker's stream is connected to, as :class:`subprocess.Popen` takes it: ``PIPE``,
+``DEVNULL``, an open file descriptor, or None for the launcher's own."""
+
+Pipe = tuple[IO[bytes], Callable[[], bool]]
+"""A worker's output pipe and the reader that copies what it holds to the stream's relay."""
+
+
+class WorkerProcess(Protocol):
+    """A started worker as the event loop drives it. It leads a process group of its own, with
+    the group id equal to its pid, so teardown reaches whatever it started."""
+
+    pid: int
+    stdout: Optional[IO[bytes]]
+    stderr: Optional[IO[bytes]]
+
+    def open_pidfd(self) -> int:
+        """A descriptor that becomes readable once the process has exited; the caller closes it."""
+
+    def reap(self) -> int:
+        """The exit, once :meth:`open_pidfd` said it happened: the code, or minus the signal."""
+
+    def signal_group(self, number: int) -> bool:
+        """Send ``number`` to the process group; False when nothing is left in it."""
+
+    def open_straggler_pidfds(self) -> list[int]:
+        """One :meth:`open_pidfd`-like descriptor per process still in the group after its leader ended."""
+
+
+ProcessFactory = Callable[[WorkerSpec, StreamTarget, StreamTarget], WorkerProcess]
+"""Starts one worker with its stdout and stderr connected as given; raises OSError when it cannot."""
+
+
+class PosixProcess:
+    """A real worker: a new session (so a new process group) running the spec's argv."""
+
+    def __init__(self, spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget):
+        popen = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=stdout, stderr=stderr,
+                                 start_new_session=True, close_fds=True)
+        # Popen must not reap or warn about a child whose status the event loop collects.
+        popen.returncode = 0
+        self.pid: int = popen.pid
+        self.stdout: Optional[IO[bytes]] = popen.stdout
+        self.stderr: Optional[IO[bytes]] = popen.stderr
+
+    def open_pidfd(self) -> int:
+        return os.pidfd_open(self.pid)
+
+    def reap(self) -> int:
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    def signal_group(self, number: int) -> bool:
+        return signal_group(self.pid, number)
+
+    def open_straggler_pidfds(self) -> list[int]:
+        try:
+            os.killpg(self.pid, 0)
+        except OSError:
+            return []  # the group is empty: no need to look through /proc
+        pidfds = []
+        for pid in group_members(self.pid):
+            try:
+                pidfds.append(os.pidfd_open(pid))
+            except OSError:
+                continue  # it ended meanwhile
+        return pidfds
+
+
+@dataclass(eq=False)
+class Worker:
+    """One worker from start to end, as the event loop tracks it."""
+
+    spec: WorkerSpec
+    process: WorkerProcess
+    result: WorkerResult
+    pidfd: Optional[int]
+    """Open until the worker's exit is collected."""
+    stdout_relay: Optional[StreamRelay] = None
+    stderr_relay: Optional[StreamRelay] = None
+    pipes: list[Pipe] = field(default_factory=list)
+    stragglers: set[int] = field(default_factory=set)
+    """Pidfds of processes left in the worker's group after it ended, waited for at teardown."""
+
+    @property
+    def pgid(self) -> int:
+        return self.process.pid
+
+    @property
+    def waited_for(self) -> bool:
+        return self.pidfd is not None or bool(self.stragglers)
 
 
 class WorkerGroup:
@@ -210,18 +249,15 @@ class WorkerGroup:
 
     def __init__(self, specs: list[WorkerSpec], kill_timeout: float = 30.0,
                  guard: Optional[OrphanGuard] = None,
-                 on_failure: Optional[Callable[[WorkerResult], None]] = None):
+                 on_failure: Optional[Callable[[WorkerResult], None]] = None,
+                 start_process: ProcessFactory = PosixProcess):
         self._specs = specs
         self._kill_timeout = kill_timeout
         self._guard = guard
         self._on_failure = on_failure
+        self._start_process = start_process
         self._selector = selectors.DefaultSelector()
-        self._results: dict[int, WorkerResult] = {}
-        self._relays: list[StreamRelay] = []
-        self._stderr_relays: dict[int, StreamRelay] = {}
-        self._pipes: dict[int, list[tuple[IO[bytes], Callable[[], bool]]]] = {}
-        self._pgids: list[int] = []
-        self._waiting: set[int] = set()
+        self._workers: list[Worker] = []
         self._failures: list[WorkerResult] = []
         self._stop_signal: Optional[int] = None
         self._deadline: Optional[float] = None
@@ -237,14 +273,17 @@ class WorkerGroup:
         self._selector.register(inbox.fd, selectors.EVENT_READ, lambda: self._on_signals(inbox.drain()))
         self._selector.register(self._stop_read, selectors.EVENT_READ, self._on_stop_request)
         try:
+            if self._guard is not None:
+                self._guard.wait_ready()
             for spec in self._specs:
                 self._start(spec)
                 if self._stop_signal is not None:
                     break
             self._loop()
+            self._release_from_guard()
         finally:
             self._close()
-        ordered = sorted(self._results.values(), key=lambda result: result.local_rank)
+        ordered = sorted((worker.result for worker in self._workers), key=lambda result: result.local_rank)
         return GroupOutcome(results=ordered, failures=self._failures,
                             launcher_signal=self._launcher_signal, stop_reason=self._stop_reason)
 
@@ -252,8 +291,7 @@ class WorkerGroup:
         stdout, stdout_relay = self._stream_target(spec.logs.stdout)
         stderr, stderr_relay = self._stream_target(spec.logs.stderr)
         try:
-            process = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=stdout, stderr=stderr,
-                                       start_new_session=True, close_fds=True)
+            process = self._start_process(spec, stdout, stderr)
         except OSError as error:
             # The workers already started must not run on alone.
             self._stop_reason = (f"cannot start local rank {spec.local_rank}: "
@@ -264,29 +302,24 @@ class WorkerGroup:
             for handle in (stdout, stderr):
                 if isinstance(handle, int) and handle > 2:
                     os.close(handle)
-        pid = process.pid
-        # Popen must not reap or warn about a child whose status this loop collects.
-        process.returncode = 0
-        self._pgids.append(pid)
         if self._guard is not None:
-            self._guard.watch(pid)
-        self._results[pid] = WorkerResult(local_rank=spec.local_rank, rank=spec.rank, pid=pid,
-                                          started_at=time.time(), error_file=spec.logs.error_file)
-        if stderr_relay is not None:
-            self._stderr_relays[pid] = stderr_relay
+            self._guard.watch(process.pid)
+        pidfd = process.open_pidfd()
+        worker = Worker(spec=spec, process=process, pidfd=pidfd,
+                        result=WorkerResult(local_rank=spec.local_rank, rank=spec.rank, pid=process.pid,
+                                            started_at=time.time(), error_file=spec.logs.error_file),
+                        stdout_relay=stdout_relay, stderr_relay=stderr_relay)
+        self._workers.append(worker)
         for pipe, relay in ((process.stdout, stdout_relay), (process.stderr, stderr_relay)):
             if pipe is not None and relay is not None:
                 os.set_blocking(pipe.fileno(), False)
-                self._relays.append(relay)
                 reader = self._reader(pipe, relay)
-                self._pipes.setdefault(pid, []).append((pipe, reader))
+                worker.pipes.append((pipe, reader))
                 self._selector.register(pipe, selectors.EVENT_READ, reader)
-        pidfd = os.pidfd_open(pid)
-        self._waiting.add(pidfd)
-        self._selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_worker_exit(pidfd, pid))
+        self._selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_worker_exit(worker))
 
-    def _stream_target(self, plan: StreamPlan) -> tuple[Optional[int], Optional[StreamRelay]]:
-        """What Popen gets for one stream (a pipe, a file descriptor, /dev/null or the console)."""
+    def _stream_target(self, plan: StreamPlan) -> tuple[StreamTarget, Optional[StreamRelay]]:
+        """What the process factory gets for one stream (a pipe, a file descriptor, /dev/null or the console)."""
         if plan.relay:
             return subprocess.PIPE, StreamRelay(plan)
         if plan.file is not None:
@@ -315,73 +348,70 @@ class WorkerGroup:
         return read
 
     def _loop(self) -> None:
-        while self._waiting:
+        while any(worker.waited_for for worker in self._workers):
             timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
             events = self._selector.select(timeout)
             for key, _ in events:
                 key.data()
             if self._deadline is not None and time.monotonic() >= self._deadline:
                 self._deadline = None
-                for pgid in self._pgids:
-                    signal_group(pgid, signal.SIGKILL)
+                for worker in self._workers:
+                    worker.process.signal_group(signal.SIGKILL)
         self._drain_output()
 
-    def _on_worker_exit(self, pidfd: int, pid: int) -> None:
-        self._forget(pidfd)
-        _, status = os.waitpid(pid, 0)
-        result = self._results[pid]
-        result.returncode = os.waitstatus_to_exitcode(status)
+    def _on_worker_exit(self, worker: Worker) -> None:
+        assert worker.pidfd is not None
+        self._unwatch(worker.pidfd)
+        worker.pidfd = None
+        result = worker.result
+        result.returncode = worker.process.reap()
         result.ended_at = time.time()
         failed = result.returncode != 0 and self._stop_signal is None
         if failed:
-            self._drain_pipes(self._pipes.get(pid, []))
-            result.stderr_tail = self._stderr_tail(result)
+            self._drain_pipes(worker.pipes)
+            result.stderr_tail = self._stderr_tail(worker)
             self._failures.append(result)
         if self._stop_signal is None and (self._failures or not self._live_workers()):
             self._begin_stop(signal.SIGTERM)
         elif self._stop_signal is not None:
-            self._wait_for_stragglers(pid)
+            self._wait_for_stragglers(worker)
         # The peers are told to stop first; reporting the failure (error file, host name) can wait.
         if failed and self._on_failure is not None:
             self._on_failure(result)
 
     def _live_workers(self) -> bool:
-        return any(result.returncode is None for result in self._results.values())
+        return any(worker.result.returncode is None for worker in self._workers)
 
     def _begin_stop(self, number: int) -> None:
         """Send ``number`` to every group, then wait for every member, SIGKILL at the deadline."""
         self._stop_signal = number
         self._deadline = time.monotonic() + self._kill_timeout
-        for pgid in self._pgids:
-            signal_group(pgid, number)
-        for pid, result in self._results.items():
-            if result.returncode is not None:
-                self._wait_for_stragglers(pid)
+        for worker in self._workers:
+            worker.process.signal_group(number)
+        for worker in self._workers:
+            if worker.result.returncode is not None:
+                self._wait_for_stragglers(worker)
 
-    def _wait_for_stragglers(self, pgid: int) -> None:
+    def _wait_for_stragglers(self, worker: Worker) -> None:
         """Children a worker left behind in its group are waited for like workers."""
-        try:
-            os.killpg(pgid, 0)
-        except OSError:
-            return  # the group is empty: no need to look through /proc
-        for pid in group_members(pgid):
-            try:
-                pidfd = os.pidfd_open(pid)
-            except OSError:
-                continue
-            self._waiting.add(pidfd)
-            self._selector.register(pidfd, selectors.EVENT_READ, lambda fd=pidfd: self._forget(fd))
+        for pidfd in worker.process.open_straggler_pidfds():
+            worker.stragglers.add(pidfd)
+            self._selector.register(pidfd, selectors.EVENT_READ,
+                                    lambda fd=pidfd: self._straggler_ended(worker, fd))
 
-    def _forget(self, pidfd: int) -> None:
+    def _straggler_ended(self, worker: Worker, pidfd: int) -> None:
+        self._unwatch(pidfd)
+        worker.stragglers.discard(pidfd)
+
+    def _unwatch(self, pidfd: int) -> None:
         self._selector.unregister(pidfd)
         os.close(pidfd)
-        self._waiting.discard(pidfd)
 
     def _on_signals(self, numbers: list[int]) -> None:
         for number in numbers:
             if number in RELAYED_SIGNALS:
-                for pgid in self._pgids:
-                    signal_group(pgid, number)
+                for worker in self._workers:
+                    worker.process.signal_group(number)
             elif self._launcher_signal is None:
                 self._launcher_signal = number
                 self._begin_stop(number)
@@ -399,12 +429,21 @@ class WorkerGroup:
         if self._stop_signal is None:
             self._begin_stop(signal.SIGTERM)
 
+    def _release_from_guard(self) -> None:
+        """Groups that are gone leave the guard's list: their numbers may now be reused by
+        unrelated processes, which a guard acting later on must not kill."""
+        if self._guard is None:
+            return
+        for worker in self._workers:
+            if not worker.process.signal_group(0):
+                self._guard.forget(worker.pgid)
+
     def _drain_output(self) -> None:
         """Everything the workers wrote before they died reaches the logs and the console."""
-        for pipes in self._pipes.values():
-            self._drain_pipes(pipes)
+        for worker in self._workers:
+            self._drain_pipes(worker.pipes)
 
-    def _drain_pipes(self, pipes: list[tuple[IO[bytes], Callable[[], bool]]]) -> None:
+    def _drain_pipes(self, pipes: list[Pipe]) -> None:
         for pipe, read in pipes:
             while not pipe.closed and read():
                 pass
@@ -413,17 +452,20 @@ class WorkerGroup:
         for key in list(self._selector.get_map().values()):
             if hasattr(key.fileobj, "close"):
                 key.fileobj.close()
-        for relay in self._relays:
-            relay.close()
+        for worker in self._workers:
+            for relay in (worker.stdout_relay, worker.stderr_relay):
+                if relay is not None:
+                    relay.close()
         self._selector.close()
-        for fd in self._waiting:
-            os.close(fd)
+        for worker in self._workers:
+            if worker.pidfd is not None:
+                os.close(worker.pidfd)
+            for pidfd in worker.stragglers:
+                os.close(pidfd)
         os.close(self._stop_read)
         os.close(self._stop_write)
 
-    def _stderr_tail(self, result: WorkerResult) -> list[str]:
-        relay = self._stderr_relays.get(result.pid)
-        if relay is not None:
-            return [line.decode(errors="replace") for line in relay.tail]
-        spec = next(s for s in self._specs if s.local_rank == result.local_rank)
-        return read_tail(spec.logs.stderr.file)
+    def _stderr_tail(self, worker: Worker) -> list[str]:
+        if worker.stderr_relay is not None:
+            return [line.decode(errors="replace") for line in worker.stderr_relay.tail]
+        return read_tail(worker.spec.logs.stderr.file)

@@ -7,15 +7,33 @@ imported only on that path.
 
 from __future__ import annotations
 
-from typing import Callable, Optional, Protocol
+import socket
+from dataclasses import dataclass
+from typing import Any, Callable, Optional, Protocol
 
 from xlarun.failures import FailureRecord
 from xlarun.ranks import NodeAssignment
 
 
+@dataclass(frozen=True)
+class AttemptEnd:
+    """How an attempt ended for the whole job; every node learns the same."""
+
+    succeeded: bool
+    lost: Optional[str] = None
+    """A node went silent or left before its workers finished: the line that says which."""
+    admitting: bool = False
+    """The workers stopped to let waiting nodes join: a restart that costs none of the allowed restarts."""
+
+
 class Rendezvous(Protocol):
     def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
-        """Meet the other nodes for ``attempt`` and return this node's place in the world."""
+        """Meet the other nodes for the next attempt and return this node's place in the world.
+
+        ``attempt`` is this agent's count of attempts so far; a multi-node rendezvous numbers
+        attempts for the whole job (a node that joins late takes the job's number), so the
+        assignment's ``restart_count`` is the attempt's number.
+        """
 
     def watch(self, stop: Callable[[str], None]) -> None:
         """Call ``stop(reason)`` when another node fails or disappears during this attempt."""
@@ -26,8 +44,11 @@ class Rendezvous(Protocol):
     def first_failure(self) -> Optional[FailureRecord]:
         """The attempt's first failure on any node, as published (``None`` on a single node)."""
 
-    def finish_attempt(self, succeeded: bool) -> bool:
-        """This node's workers are gone: wait for the other nodes; True when the attempt succeeded everywhere."""
+    def finish_attempt(self, succeeded: bool) -> AttemptEnd:
+        """This node's workers are gone: wait for the other nodes and say how the attempt ended."""
+
+    def attempt_record(self) -> dict[str, Any]:
+        """The attempt's world size and nodes, for the summary file."""
 
     def close(self) -> None:
         """Leave the job (and stop serving the store if this node served it)."""
@@ -45,8 +66,10 @@ class FixedRendezvous:
         self._master_port = master_port
         self._node_rank = node_rank
         self._nnodes = nnodes
+        self._nproc = 0
 
     def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
+        self._nproc = nproc_per_node
         return NodeAssignment.single_node(self._run_id, nproc_per_node, self._master_addr, self._master_port,
                                           node_rank=self._node_rank, nnodes=self._nnodes, restart_count=attempt)
 
@@ -59,8 +82,12 @@ class FixedRendezvous:
     def first_failure(self) -> Optional[FailureRecord]:
         return None
 
-    def finish_attempt(self, succeeded: bool) -> bool:
-        return succeeded
+    def finish_attempt(self, succeeded: bool) -> AttemptEnd:
+        return AttemptEnd(succeeded)
+
+    def attempt_record(self) -> dict[str, Any]:
+        return {"world_size": self._nproc,
+                "nodes": [{"node_rank": self._node_rank, "host": socket.gethostname(), "nproc": self._nproc}]}
 
     def close(self) -> None:
         return None

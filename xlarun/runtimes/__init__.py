@@ -6,12 +6,16 @@ as pure functions of the plan, one module per runtime or device:
 :mod:`~xlarun.runtimes.pjrt` (every PJRT device), :mod:`~xlarun.runtimes.tpu`,
 :mod:`~xlarun.runtimes.neuron`, :mod:`~xlarun.runtimes.cuda`,
 :mod:`~xlarun.runtimes.cpu` and :mod:`~xlarun.runtimes.xrt` (torch_xla 2.0 and older).
+Where torch_xla releases differ, the modules read :attr:`XlaOptions.release` against the
+facts in :mod:`~xlarun.runtimes.releases`.
 
 Size: what :func:`xla_env` returns has the same variables with the same fixed text
 at any world size; only the digits of numbers (ranks, sizes, ports, bounds) vary.
-No value lists one entry per worker or per host, so a worker's environment grows
-only with the logarithm of the world size: a few bytes between 2 and a million
-workers, far below Linux's 128 KiB limit on one variable.
+No value lists one entry per worker, so a worker's environment grows only with the
+logarithm of the world size: a few bytes between 2 and a million workers, far below
+Linux's 128 KiB limit on one variable. One value lists one entry per host: Neuron under
+SPMD across several nodes needs ``NEURON_PJRT_PROCESSES_NUM_DEVICES`` (about 3 bytes a
+node, see :mod:`~xlarun.runtimes.neuron`), and a plan where it would pass the limit is refused.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from xlarun.exceptions import PlanError
 from xlarun.ports import host_port
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import cpu, cuda, neuron, pjrt, tpu, xrt
+from xlarun.runtimes.releases import NEWEST, Release
 from xlarun.runtimes.tpu import TpuTopology
 
 UNPRIVILEGED_PORTS = (1024, 65535)
@@ -70,7 +75,10 @@ class XlaOptions:
     and :func:`xlarun.packages.resolve_runtime`). ``virtual_devices`` is CPU only.
     ``coordinator_port`` overrides :func:`coordinator_port`'s rule.
     ``tpu_topology`` is the slice shape when known (:func:`xlarun.runtimes.tpu.topology`);
-    TPU under SPMD needs it.
+    TPU under SPMD needs it. ``release`` is the installed torch_xla's ``(major, minor)``
+    (:data:`~xlarun.runtimes.releases.NEWEST` where none is installed). ``local_units`` is
+    how many devices (TPU chips, NeuronCores, GPUs) one node's processes share, when known;
+    Neuron under SPMD across nodes needs it.
     """
 
     device: str
@@ -79,6 +87,8 @@ class XlaOptions:
     virtual_devices: int | None = None
     coordinator_port: int | None = None
     tpu_topology: TpuTopology | None = None
+    release: Release = NEWEST
+    local_units: int | None = None
 
     def __post_init__(self) -> None:
         if self.virtual_devices is not None and self.device != "cpu":
@@ -120,11 +130,12 @@ def apply_user_precedence(planned: dict[str, str],
     """Let the user's own settings win: drop from ``planned`` every variable ``environ`` has.
 
     Returns the remaining variables and the notices to print: none, or one line
-    naming the kept variables, without the ``xlarun:`` prefix the launcher's
-    console lines all get. The planned names are the same for every local rank
-    of a job, so the notice is too; print it once.
+    naming the kept variables whose value differs from the planned one (a value equal to
+    xlarun's changes nothing worth a line), without the ``xlarun:`` prefix the launcher's
+    console lines all get. A per-rank value may equal one rank's planned value and not
+    another's, so :func:`xlarun.deviceplan.check_device_plan` gathers every rank's notice.
     """
-    kept = [name for name in planned if name in environ]
+    kept = [name for name in planned if name in environ and environ[name] != planned[name]]
     remaining = {name: value for name, value in planned.items() if name not in environ}
     if not kept:
         return remaining, []

@@ -1,8 +1,9 @@
-"""AWS Neuron (trn1, trn2, inf2) variables under PJRT, in agreement with torch_xla 2.9.
+"""AWS Neuron (trn1, trn2, inf2) variables under PJRT, for torch_xla 2.1 to 2.9.
 
-torch_xla configures a Neuron worker when ``torch_xla`` is imported
-(``torch_xla._internal.neuron.configure_pjrt_environment``), so these must be in the
-environment before the worker's interpreter starts:
+From 2.5 torch_xla configures a Neuron worker when ``torch_xla`` is imported
+(``torch_xla._internal.neuron.configure_pjrt_environment``); before 2.5 the
+torch-neuronx package does. Either way these must be in the environment before the
+worker's interpreter starts:
 
 - ``NEURON_RT_ROOT_COMM_ID``: the one address every Neuron process of the job meets
   at. torch_xla defaults it to ``MASTER_ADDR`` with a hard-coded port; xlarun uses the
@@ -10,22 +11,40 @@ environment before the worker's interpreter starts:
 - ``NEURON_PJRT_PROCESS_INDEX`` and ``NEURON_PJRT_WORLD_SIZE``: this process's global
   index and the number of processes, one NeuronCore each. They replace
   ``NEURON_PJRT_PROCESSES_NUM_DEVICES``, a list with one entry per process that
-  grows with the world; xlarun never sets it.
-- ``NEURON_RT_VISIBLE_CORES`` is left to torch_xla, which sets it to the local rank.
-  A user's own range (e.g. ``8-15``) must list exactly one core per local process;
-  torch_xla then picks the local rank's entry of it.
+  grows with the world; xlarun sets it only under SPMD across nodes (below).
+- ``NEURON_RT_VISIBLE_CORES``: from 2.5 left to torch_xla, which sets it to the local
+  rank at import. A user's own range (e.g. ``8-15``) must list exactly one core per local
+  process; torch_xla then picks the local rank's entry of it.
 
-Under SPMD torch_xla sets no per-process Neuron variables (one process sees all the
-host's cores); xlarun then gives only the root communication address.
+Before 2.5 only torch_xla's ``xla://`` set-up picks the core, and it also overwrites
+``NEURON_PJRT_PROCESS_INDEX`` with the local rank, so a second node takes the first one's
+indices. :func:`xlarun.init_process_group` joins with ``env://`` there (see
+:data:`xlarun.runtimes.releases.XLA_INIT_BREAKS`), and xlarun sets the local rank's core
+itself, as ``xla://`` would.
+
+SPMD (one process per node sees every core): from 2.5 the import-time set-up leaves the
+process whole only when ``XLA_USE_SPMD=1`` is already set, so xlarun sets it there although
+torch_xla deprecates the variable elsewhere. Across several nodes the Neuron runtime needs
+each node's process index (the node rank) and ``NEURON_PJRT_PROCESSES_NUM_DEVICES``, the
+NeuronCores of every process: one entry per node (``32,32`` for two trn1.32xlarge). It is the
+one value xlarun sets that grows with the number of hosts, about 3 bytes a node.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from xlarun.exceptions import PlanError
+from xlarun.runtimes.releases import NEURON_IMPORT_CONFIGURES
+
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions
+
+PROCESSES_NUM_DEVICES = "NEURON_PJRT_PROCESSES_NUM_DEVICES"
+
+MAX_VARIABLE_BYTES = 128 * 1024
+"""Linux's limit on one ``NAME=value`` string of an environment (``MAX_ARG_STRLEN``)."""
 
 
 def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
@@ -34,4 +53,39 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
     if not options.spmd:
         variables["NEURON_PJRT_PROCESS_INDEX"] = str(node.global_rank(local_rank))
         variables["NEURON_PJRT_WORLD_SIZE"] = str(node.world_size)
+        if options.release < NEURON_IMPORT_CONFIGURES:
+            variables["NEURON_RT_VISIBLE_CORES"] = str(local_rank)
+        return variables
+    if options.release >= NEURON_IMPORT_CONFIGURES:
+        variables["XLA_USE_SPMD"] = "1"
+    if node.nnodes > 1:
+        variables["NEURON_PJRT_PROCESS_INDEX"] = str(node.node_rank)
+        variables[PROCESSES_NUM_DEVICES] = processes_num_devices(options.local_units, node.nnodes)
     return variables
+
+
+def processes_num_devices(cores_per_node: int | None, nnodes: int) -> str:
+    """``NEURON_PJRT_PROCESSES_NUM_DEVICES`` for one SPMD process per node, each driving ``cores_per_node``."""
+    if not cores_per_node:
+        raise PlanError(f"Neuron under SPMD across nodes needs each node's NeuronCore count for "
+                        f"{PROCESSES_NUM_DEVICES}, and this host shows none: run on the Neuron host, or set "
+                        "NEURON_RT_VISIBLE_CORES to the cores of each node's process")
+    value = ",".join([str(cores_per_node)] * nnodes)
+    if len(PROCESSES_NUM_DEVICES) + len(value) + 2 > MAX_VARIABLE_BYTES:
+        raise PlanError(f"{PROCESSES_NUM_DEVICES} for {nnodes} nodes would pass Linux's 128 KiB limit on one "
+                        "environment variable: split the job")
+    return value
+
+
+def visible_core_count(cores: str) -> int | None:
+    """How many NeuronCores ``NEURON_RT_VISIBLE_CORES`` names (``8-15`` is 8, ``0,2,4-5`` is 4).
+
+    None where it cannot be read; the plan then counts the host's cores instead.
+    """
+    count = 0
+    for part in cores.split(","):
+        first, dash, last = part.strip().partition("-")
+        if not first.isdigit() or (dash and not last.isdigit()):
+            return None
+        count += int(last) - int(first) + 1 if dash else 1
+    return count if count > 0 else None

@@ -5,6 +5,14 @@ CPU on an accelerator host). ``PJRT_LOCAL_PROCESS_RANK`` and
 ``PJRT_LOCAL_PROCESS_COUNT`` place the process on its host: torch_xla defaults them
 only inside its ``xla://`` rendezvous, while programs that initialise with
 ``env://`` (transformers, Ray) or not at all would otherwise run without them.
+They are left out on CPU: PJRT's CPU client makes every process a world of its own
+(global ordinal 0 of 1), and a local ordinal of 1 of 2 beside that would contradict it
+(``xm.is_master_ordinal()`` false in a world of one, so ``xm.save`` writes nothing).
+
+``SPMD_MARKER`` tells the worker-side helpers that the launch asked for SPMD. torch_xla
+2.1 and later deprecate ``XLA_USE_SPMD`` in favour of ``torch_xla.runtime.use_spmd()`` in
+the program, so xlarun sets that variable only where a release's own set-up reads it before
+the program can run (Neuron, see :mod:`~xlarun.runtimes.neuron`).
 """
 
 from __future__ import annotations
@@ -17,14 +25,15 @@ if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions
 
+SPMD_MARKER = "XLARUN_SPMD"
+
 
 def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
     """The device-independent PJRT variables for one worker."""
-    variables = {
-        "PJRT_DEVICE": pjrt_device_name(options.device),
-        "PJRT_LOCAL_PROCESS_RANK": str(local_rank),
-        "PJRT_LOCAL_PROCESS_COUNT": str(node.local_world_size),
-    }
+    variables = {"PJRT_DEVICE": pjrt_device_name(options.device)}
+    if options.device != "cpu":
+        variables["PJRT_LOCAL_PROCESS_RANK"] = str(local_rank)
+        variables["PJRT_LOCAL_PROCESS_COUNT"] = str(node.local_world_size)
     if options.spmd:
-        variables["XLA_USE_SPMD"] = "1"
+        variables[SPMD_MARKER] = "1"
     return variables

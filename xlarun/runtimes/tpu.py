@@ -1,15 +1,17 @@
-"""TPU variables under PJRT, in agreement with torch_xla 2.9's own TPU set-up.
+"""TPU variables under PJRT, in agreement with the TPU set-up of torch_xla 2.1 to 2.9.
 
-torch_xla configures a torchrun worker in ``torch_xla._internal.tpu``:
-``configure_topology`` (several processes per host, one chip each) or
-``configure_one_chip_topology`` (one process per host). Both only *default* the
-variables (``os.environ.setdefault``), so values xlarun puts in the environment win.
+torch_xla's ``xla://`` rendezvous configures a torchrun worker in
+``torch_xla._internal.tpu``: ``configure_topology`` (several processes per host, one chip
+each) or, from 2.4, ``configure_one_chip_topology`` (one process per host). Both only
+*default* the variables (``os.environ.setdefault``), so values xlarun puts in the
+environment win.
 
 One chip per process (the default): xlarun presets the chip, the process port and,
 when the slice's topology is known and a host runs several processes, the process
 bounds, each the value torch_xla computes itself. Programs that never reach torch_xla's
 ``xla://`` set-up (``env://``, no process group) still get one chip each instead of
-every process claiming the whole host. It leaves out two variables on purpose:
+every process claiming the whole host. It leaves out two variables on purpose (but for
+the one-chip world below, where they name the process itself):
 
 - ``TPU_PROCESS_ADDRESSES``, one ``host:port`` per process of the slice: it grows
   with the world, and torch_xla derives it from the TPU metadata (or
@@ -20,9 +22,16 @@ every process claiming the whole host. It leaves out two variables on purpose:
   worker id, so presetting it would make torch_xla misname its host.
 
 SPMD (one process per host): torch_xla's ``xla://`` rendezvous calls
-``configure_one_chip_topology`` for a single local process, which would pin the
-process to chip 0. Presetting the whole-host topology (every chip visible, the host's
-chip bounds per process, the slice's host bounds) keeps all chips in the process.
+``configure_one_chip_topology`` for a single local process (2.4 and later; earlier,
+``configure_topology`` with one chip per process), which would pin the process to chip
+0. Presetting the whole-host topology (every chip visible, the host's chip bounds per
+process, the slice's host bounds) keeps all chips in the process.
+
+One process per host without SPMD: from 2.4 torch_xla makes that process a world of one
+chip. Before 2.4 its rendezvous calls ``configure_topology(0, 1)``, which sets the slice's
+bounds with one chip per process and waits forever for processes never started; there
+xlarun presets the one-chip world 2.4 would set (bounds ``1,1,1``, with the process's
+own address and task id 0, so the defaults for the whole slice are not filled in).
 """
 
 from __future__ import annotations
@@ -32,6 +41,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Mapping
 
 from xlarun.exceptions import PlanError
+from xlarun.runtimes.releases import XLA_INIT_PINS_ONE_LOCAL_PROCESS
 
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
@@ -134,6 +144,14 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
         "TPU_VISIBLE_CHIPS": str(local_rank),
         "TPU_PROCESS_PORT": str(BASE_PROCESS_PORT + local_rank),
     }
+    if node.local_world_size == 1 and options.release < XLA_INIT_PINS_ONE_LOCAL_PROCESS:
+        variables.update({
+            "TPU_CHIPS_PER_PROCESS_BOUNDS": ONE_CHIP_BOUNDS,
+            "TPU_PROCESS_BOUNDS": ONE_CHIP_BOUNDS,
+            "TPU_PROCESS_ADDRESSES": f"localhost:{BASE_PROCESS_PORT}",
+            "CLOUD_TPU_TASK_ID": "0",
+        })
+        return variables
     if shape is not None and node.local_world_size > 1 and shape.generation not in GENERATIONS_WITH_CORE_BOUNDS:
         # Both or neither: under TPU_SKIP_MDS_QUERY torch_xla reads a preset
         # TPU_CHIPS_PER_PROCESS_BOUNDS in place of the host's chip bounds, so

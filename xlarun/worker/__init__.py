@@ -10,7 +10,11 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
+from xlarun.devices import resolve_device
+from xlarun.packages import installed_version, release_of
 from xlarun.plan import LAUNCHED_MARKER
+from xlarun.runtimes.pjrt import SPMD_MARKER
+from xlarun.runtimes.releases import xla_init_break
 from xlarun.worker import xrt
 
 TORCH_VIEW = "torch.distributed"
@@ -30,12 +34,16 @@ def init_process_group(backend: str = "xla", **kwargs: Any) -> None:
     """``torch.distributed.init_process_group`` for XLA workers, checked against the launcher.
 
     - Registers torch_xla's ``xla`` backend and its ``xla://`` init method.
-    - Under SPMD (``XLA_USE_SPMD=1`` or ``torch_xla.runtime.use_spmd()``) the ``xla``
-      backend is replaced by ``gloo``, torch_xla's documented form, since the
-      ``xla`` backend refuses SPMD.
+    - Under SPMD (launched with xlarun's SPMD option, ``XLA_USE_SPMD=1`` or
+      ``torch_xla.runtime.use_spmd()``) the ``xla`` backend is replaced by ``gloo``,
+      torch_xla's documented form, since the ``xla`` backend refuses SPMD. A process
+      launched for SPMD whose program has not switched SPMD on yet gets
+      ``torch_xla.runtime.use_spmd()`` here: torch_xla 2.1 and later deprecate the variable.
     - Without ``init_method`` or ``store`` in ``kwargs``: ``xla://`` for the ``xla``
       backend and under SPMD (ranks from the XLA runtime), ``env://`` for any other
-      backend (ranks from the launcher).
+      backend (ranks from the launcher). Where the installed release's ``xla://`` set-up
+      misconfigures this device (:data:`xlarun.runtimes.releases.XLA_INIT_BREAKS`), ``env://``
+      instead: the launcher's variables already configure the runtime.
     - Under XRT (torch_xla older than 2.1, launched with ``XRT_*`` variables) it first
       builds ``XRT_WORKERS`` and ``XRT_DEVICE_MAP`` through the store at
       ``MASTER_ADDR:MASTER_PORT`` and, without ``init_method`` or ``store``, joins
@@ -58,13 +66,18 @@ def init_process_group(backend: str = "xla", **kwargs: Any) -> None:
 
     # torch_xla's own test (runtime.is_spmd) reads this flag; use_spmd() sets it.
     spmd = environ.get("XLA_USE_SPMD", "0").lower() in ("1", "true")
+    if environ.get(SPMD_MARKER) == "1" and not spmd:
+        import torch_xla.runtime as xr
+
+        xr.use_spmd()
+        spmd = True
     if spmd and backend == "xla":
         backend = "gloo"
     if "init_method" not in kwargs and "store" not in kwargs:
         if xrt_store is not None:
             kwargs.update(store=xrt_store, rank=int(environ["RANK"]), world_size=int(environ["WORLD_SIZE"]))
         else:
-            kwargs["init_method"] = "xla://" if backend == "xla" or spmd else "env://"
+            kwargs["init_method"] = default_init_method(backend, spmd, environ)
     runtime_numbers_workers = backend == "xla" or spmd or kwargs.get("init_method") == "xla://"
 
     expected = _launcher_numbers(environ)
@@ -87,6 +100,18 @@ def init_process_group(backend: str = "xla", **kwargs: Any) -> None:
     if message is not None:
         dist.destroy_process_group()
         raise SplitWorldError(message)
+
+
+def default_init_method(backend: str, spmd: bool, environ: Mapping[str, str]) -> str:
+    """``xla://`` where the XLA runtime numbers the workers (the ``xla`` backend, SPMD), unless
+    the installed release's ``xla://`` set-up breaks this device there; ``env://`` otherwise."""
+    if backend != "xla" and not spmd:
+        return "env://"
+    release = release_of(installed_version("torch_xla"))
+    device = resolve_device("auto", {"PJRT_DEVICE": environ.get("PJRT_DEVICE") or "CPU"})
+    local_processes = int(environ.get("LOCAL_WORLD_SIZE", "1"))
+    broken = xla_init_break(release, device, spmd=spmd, local_processes=local_processes)
+    return "env://" if broken is not None else "xla://"
 
 
 def describe_split(rank: int, world_size: int, views: Mapping[str, tuple[int, int]],

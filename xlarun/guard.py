@@ -1,0 +1,163 @@
+"""The orphan guard: a process that kills the workers' process groups when the launcher dies first.
+
+Usage::
+
+    guard = OrphanGuard().start()     # before any worker exists
+    guard.wait_ready()                # once, right before the first worker starts
+    guard.watch(pgid)                 # each worker's process group
+    guard.forget(pgid)                # a group that is gone, so its number may be reused safely
+    guard.release()                   # the launcher ends normally: the guard exits, killing nothing
+
+torchrun's workers outlive a launcher killed with SIGKILL. Here a small forked process reads
+a pipe whose other end only the launcher holds. The kernel closes that end whatever kills
+the launcher, so end-of-file without ``done`` means the launcher is dead, and the guard sends
+SIGKILL to every process group it watches: each worker and every descendant that stayed in
+the worker's group.
+
+The guard has to survive what killed the launcher, so before the launcher starts a worker:
+
+- it leaves the launcher's session and process group (``kill -9 -<pgid>``, a shell's job
+  control and ``timeout`` all signal the launcher's whole group);
+- it replaces its command line and its name with :data:`GUARD_TITLE`, so that neither
+  ``pkill -f xlarun`` nor ``pkill xlarun`` nor a pattern from the training command matches it;
+- it ignores every signal that can be ignored.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+GUARD_TITLE = "orphan-guard"
+"""The guard's command line is ``orphan-guard <launcher pid>`` and its name ``orphan-guard``."""
+
+_DONE = b"done"
+
+# Signals the guard keeps as they are: faults it would raise on itself (ignoring them could only
+# make it spin), the two that cannot be ignored, and SIGCHLD, which ends nothing.
+_KEPT_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGTRAP, signal.SIGABRT,
+                 signal.SIGSYS, signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+
+
+class OrphanGuard:
+    """The launcher's end of the guard. See the module docstring."""
+
+    def __init__(self) -> None:
+        self._write_fd = -1
+        self._ready_fd = -1
+        self.pid = 0
+
+    def start(self) -> "OrphanGuard":
+        read_fd, self._write_fd = os.pipe2(os.O_CLOEXEC)
+        self._ready_fd, ready_write = os.pipe2(os.O_CLOEXEC)
+        self.pid = os.fork()
+        if self.pid == 0:
+            try:
+                os.close(self._write_fd)
+                os.close(self._ready_fd)
+                _guard_main(read_fd, ready_write)
+            finally:
+                # Whatever happens, the fork never returns into the launcher's code.
+                os._exit(0)
+        os.close(read_fd)
+        os.close(ready_write)
+        return self
+
+    def wait_ready(self) -> None:
+        """Block until the guard stands outside the launcher's group and name (about a millisecond
+        after the fork, usually over by the time the first worker starts)."""
+        if self._ready_fd >= 0:
+            try:
+                os.read(self._ready_fd, 1)
+            finally:
+                os.close(self._ready_fd)
+                self._ready_fd = -1
+
+    def watch(self, pgid: int) -> None:
+        self._send(f"+{pgid}".encode())
+
+    def forget(self, pgid: int) -> None:
+        self._send(f"-{pgid}".encode())
+
+    def release(self) -> None:
+        if self.pid:
+            self._send(_DONE)
+            os.close(self._write_fd)
+            os.waitpid(self.pid, 0)
+            self.pid = 0
+        if self._ready_fd >= 0:
+            os.close(self._ready_fd)
+            self._ready_fd = -1
+
+    def _send(self, line: bytes) -> None:
+        try:
+            os.write(self._write_fd, line + b"\n")
+        except BrokenPipeError:
+            pass  # the guard was killed on its own; the run goes on unguarded rather than fail
+
+
+def _guard_main(read_fd: int, ready_fd: int) -> None:
+    launcher = os.getppid()
+    # First what the launcher waits for: out of its group and session, and renamed.
+    os.setsid()
+    try:
+        retitle(f"{GUARD_TITLE} {launcher}")
+    except OSError:
+        pass  # a kernel that refuses: the guard still works, only a name-based kill can reach it
+    try:
+        os.write(ready_fd, b"x")
+    except BrokenPipeError:
+        pass  # the launcher is already gone, before any worker started; the pipe says so next
+    os.close(ready_fd)
+    for number in signal.valid_signals() - _KEPT_SIGNALS:
+        signal.signal(number, signal.SIG_IGN)
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for target in (0, 1, 2):
+        os.dup2(devnull, target)
+    os.closerange(3, read_fd)
+    os.closerange(read_fd + 1, 4096)
+    _watch(read_fd)
+
+
+def _watch(read_fd: int) -> None:
+    """Follow the launcher's messages until ``done``, or until end-of-file: then kill the groups."""
+    groups: set[int] = set()
+    buffered = b""
+    while True:
+        chunk = os.read(read_fd, 4096)
+        if not chunk:
+            break
+        buffered += chunk
+        *lines, buffered = buffered.split(b"\n")
+        for line in lines:
+            if line == _DONE:
+                return
+            if line.startswith(b"-"):
+                groups.discard(int(line[1:]))
+            else:
+                groups.add(int(line))
+    for pgid in groups:
+        try:
+            os.killpg(pgid, signal.SIGKILL)
+        except OSError:
+            pass  # the group ended on its own
+
+
+def retitle(title: str) -> None:
+    """Replace this process's command line (``/proc/<pid>/cmdline``, what ``pkill -f`` and ``ps``
+    read) with ``title``, and its name (``comm``, what ``pkill`` reads) with the title's first word.
+
+    The command line lives in the process's own memory, between the addresses that
+    ``/proc/self/stat`` gives as ``arg_start`` and ``arg_end``; it is overwritten in place
+    and padded with NUL bytes, so the kernel shows the new text and nothing of the old.
+    """
+    with open("/proc/self/stat", "rb") as handle:
+        fields = handle.read().rsplit(b")", 1)[1].split()
+    # Fields 48 and 49 of stat(5); the split starts at field 3.
+    start, end = int(fields[45]), int(fields[46])
+    text = title.encode()[:end - start - 1]
+    with open("/proc/self/mem", "r+b", buffering=0) as memory:
+        memory.seek(start)
+        memory.write(text.ljust(end - start, b"\0"))
+    with open("/proc/self/comm", "wb", buffering=0) as name:
+        name.write(title.split()[0].encode()[:15])

@@ -1,0 +1,205 @@
+"""Which processes hold this host's accelerator device files open: the busy-device preflight.
+
+Usage::
+
+    holders = busy_device_holders("tpu", environ)      # what holds /dev/accel*, /dev/vfio/<group>
+    for holder in holders:
+        print(describe_holder(holder))                 # pid, files, age, command, run id, how to stop it
+
+A worker left behind by an earlier run keeps the TPU or Neuron device open, and the next
+run fails deep inside the runtime ("The TPU is already in use by another process"). The
+launcher looks first: every ``/proc/<pid>/fd/*`` link is read (``readlink`` only, which
+never touches the file's own filesystem, so a hung network mount cannot stall it) and
+compared with the device files' paths.
+
+Device files are looked for under the host root (``XLARUN_HOST_ROOT`` for a fake host in
+tests), but processes always come from the real ``/proc``: a fake host's device files are
+ordinary files, and a real process that holds one open shows its real path in its fd links.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Optional
+
+from xlarun.devices import host_root
+from xlarun.options import flag
+
+DEVICE_FILES: Mapping[str, tuple[tuple[str, re.Pattern[str]], ...]] = {
+    # A VFIO group node per chip; /dev/vfio/vfio is the container node every VFIO user shares.
+    "tpu": (("dev", re.compile(r"^accel\d+$")), ("dev/vfio", re.compile(r"^(noiommu-)?\d+$"))),
+    "neuron": (("dev", re.compile(r"^neuron\d+$")),),
+    # One node per GPU; nvidiactl, nvidia-uvm and nvidia-modeset are opened by every CUDA program.
+    "cuda": (("dev", re.compile(r"^nvidia\d+$")),),
+}
+"""Per device: (directory under the host root, pattern of the device files' names in it)."""
+
+SHARED_BY_DESIGN = ("nvidia-persistenced", "nv-hostengine")
+"""Daemons that keep GPUs open on purpose (persistence mode, DCGM) and never stop a run.
+Compared with a process's name as ``/proc/<pid>/comm`` gives it (the first 15 characters)."""
+
+COMMAND_WIDTH = 120
+
+
+@dataclass(frozen=True)
+class Holder:
+    """A process that holds one or more device files open."""
+
+    pid: int
+    command: str
+    age_seconds: float
+    devices: tuple[str, ...]
+    run_id: Optional[str]
+    """``TORCHELASTIC_RUN_ID`` from its environment: it looks like a worker of an earlier
+    launch (torchrun's or xlarun's). None when absent or unreadable."""
+    pgid: int
+    sid: int
+
+    @property
+    def stop_command(self) -> str:
+        """How to stop it. A launched worker leads its own session and group, which also
+        holds its children (data loaders keep the device open too): the whole group goes."""
+        if self.run_id is not None and self.pgid == self.sid and self.pgid > 1:
+            return f"kill -- -{self.pgid}"
+        return f"kill {self.pid}"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"pid": self.pid, "command": self.command, "age_seconds": round(self.age_seconds, 1),
+                "devices": list(self.devices), "run_id": self.run_id, "stop": self.stop_command}
+
+
+def device_files(device: str, root: str = "/") -> set[str]:
+    """The device files of ``device`` that exist on this host, as fd links name them.
+
+    Empty for a device without files to hold (cpu, xpu) and on a host without the device:
+    then nothing needs scanning.
+    """
+    found: set[str] = set()
+    for directory, pattern in DEVICE_FILES.get(device, ()):
+        path = os.path.join(root, directory)
+        try:
+            names = os.listdir(path)
+        except OSError:
+            continue
+        for name in names:
+            if pattern.match(name):
+                # fd links show the path the file was opened by, with symlinks resolved.
+                found.add(os.path.realpath(os.path.join(path, name)))
+    return found
+
+
+def busy_device_holders(device: str, environ: Mapping[str, str]) -> list[Holder]:
+    """Processes other than this launcher that hold ``device``'s files on this host."""
+    return find_holders(device_files(device, host_root(environ)), exclude=(os.getpid(),))
+
+
+def find_holders(paths: Iterable[str], proc: str = "/proc", exclude: Iterable[int] = ()) -> list[Holder]:
+    """Processes (by pid, ascending) whose open files include any of ``paths``.
+
+    Processes this user may not inspect are skipped: without privileges the launcher sees
+    its own user's processes, which is where a left-behind worker of its own would be.
+    """
+    wanted = set(paths)
+    if not wanted:
+        return []
+    skipped = set(exclude)
+    held: dict[int, set[str]] = {}
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        fd_dir = f"{proc}/{name}/fd/"
+        try:
+            fds = os.listdir(fd_dir)
+        except OSError:
+            continue
+        for fd in fds:
+            try:
+                target = os.readlink(fd_dir + fd)
+            except OSError:
+                continue
+            if target in wanted:
+                held.setdefault(int(name), set()).add(target)
+    holders = []
+    for pid in sorted(held.keys() - skipped):
+        holder = _describe_process(proc, pid, held[pid])
+        if holder is not None:
+            holders.append(holder)
+    return holders
+
+
+def _describe_process(proc: str, pid: int, devices: set[str]) -> Optional[Holder]:
+    base = f"{proc}/{pid}"
+    try:
+        with open(f"{base}/stat", "rb") as handle:
+            head, rest = handle.read().rsplit(b")", 1)
+        with open(f"{base}/cmdline", "rb") as handle:
+            argv = handle.read().rstrip(b"\0").split(b"\0")
+    except OSError:
+        return None  # it ended meanwhile
+    name = head.split(b"(", 1)[1].decode(errors="replace")
+    if name in (daemon[:15] for daemon in SHARED_BY_DESIGN):
+        return None
+    fields = rest.split()
+    # stat(5) fields 5 (pgrp), 6 (session) and 22 (starttime); the split starts at field 3.
+    pgid, sid, started = int(fields[2]), int(fields[3]), int(fields[19])
+    # One line whatever the arguments hold (``python -c`` programs span several).
+    command = " ".join(b" ".join(argv).decode(errors="replace").split()) or f"[{name}]"
+    if len(command) > COMMAND_WIDTH:
+        command = command[:COMMAND_WIDTH - 3] + "..."
+    return Holder(pid=pid, command=command, age_seconds=_age(proc, started), devices=tuple(sorted(devices)),
+                  run_id=_run_id(f"{base}/environ"), pgid=pgid, sid=sid)
+
+
+def _age(proc: str, started_ticks: int) -> float:
+    try:
+        with open(f"{proc}/uptime") as handle:
+            uptime = float(handle.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 0.0
+    return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def _run_id(environ_path: str) -> Optional[str]:
+    """``TORCHELASTIC_RUN_ID`` as the process started with it (other users' are unreadable)."""
+    try:
+        with open(environ_path, "rb") as handle:
+            entries = handle.read().split(b"\0")
+    except OSError:
+        return None
+    for entry in entries:
+        if entry.startswith(b"TORCHELASTIC_RUN_ID="):
+            return entry.split(b"=", 1)[1].decode(errors="replace")
+    return None
+
+
+def format_age(seconds: float) -> str:
+    """``45s``, ``3m12s``, ``5h07m``, ``2d04h``: two units at most."""
+    whole = int(seconds)
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"
+
+
+def describe_holder(holder: Holder) -> str:
+    """One line: who holds what, for how long, whether it is an earlier launch's worker, how to stop it."""
+    earlier = (f"; a worker of an earlier launch (TORCHELASTIC_RUN_ID={holder.run_id})"
+               if holder.run_id is not None else "")
+    return (f"pid {holder.pid} holds {', '.join(holder.devices)} (running {format_age(holder.age_seconds)}): "
+            f"{holder.command}{earlier}; stop it with: {holder.stop_command}")
+
+
+def busy_device_refusal(device: str, holders: list[Holder]) -> str:
+    """The line that ends a launch after :func:`describe_holder`'s lines, one per holder."""
+    them = "them" if len(holders) > 1 else "it"
+    return (f"the {device} device is in use by {len(holders)} other process{'es' if len(holders) > 1 else ''} "
+            f"(above), so nothing was started: stop {them}, or pass {flag('allow_busy_device')} "
+            "where sharing the device is intended")

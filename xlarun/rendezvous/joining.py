@@ -1,0 +1,225 @@
+"""Joining: who may take part (the job check, node ranks), and the seats of each attempt.
+
+Every attempt seats its nodes the same way, whatever decided who they are (``static``:
+the node ranks given; ``c10d``: a round of torch's ``DynamicRendezvousHandler``). Each node
+posts one record (its agent id, host and worker count) and bumps one counter; the node
+that completes the count sets one key. The attempt's leader (node rank 0), waiting on that
+key, reads every record in one request, decides ranks and the workers' store, and writes
+every node's seat in one request; each node waits on its own seat's key. Joining thus
+costs a few requests per node and O(N) for the whole job, with no polling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Any, Callable, Optional
+
+from xlarun.exceptions import LaunchError
+from xlarun.options import flag
+from xlarun.rendezvous.store import Client, JobKeys, StatusLine, say, token_digest, wait_for_key
+
+# The heartbeat value an agent leaves behind when it leaves on purpose.
+LEFT_BEAT = b"left"
+# How many membership changes one line names before it counts the rest.
+NAMED_CHANGES = 3
+
+
+@dataclass(frozen=True)
+class Member:
+    """One agent taking part in an attempt."""
+
+    agent: int
+    """The agent's id in this job, unique per agent process (a replacement gets a new one)."""
+    host: str
+    nproc: int
+
+
+@dataclass(frozen=True)
+class Roster:
+    """An attempt's nodes, in node-rank order, and which of them serves the store."""
+
+    members: tuple[Member, ...]
+    store_node: Optional[int]
+
+    def encode(self) -> str:
+        return json.dumps({"members": [[m.agent, m.host, m.nproc] for m in self.members],
+                           "store_node": self.store_node})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Roster":
+        fields = json.loads(raw)
+        return cls(tuple(Member(*member) for member in fields["members"]), fields["store_node"])
+
+    def describe(self) -> list[dict[str, Any]]:
+        """The nodes as the summary file lists them."""
+        return [{"node_rank": rank, "host": m.host, "nproc": m.nproc} for rank, m in enumerate(self.members)]
+
+
+def read_roster(client: Client, keys: JobKeys, attempt: int) -> Roster:
+    return Roster.decode(client.get(keys.attempt(attempt, "roster")))
+
+
+def membership_change(before: Roster, after: Roster) -> str:
+    """What changed between two attempts' nodes, e.g. ``node 2 (host-c) left``; empty when nothing did."""
+    kept = {member.agent for member in before.members} & {member.agent for member in after.members}
+    left = [f"node {rank} ({m.host}) left" for rank, m in enumerate(before.members) if m.agent not in kept]
+    joined = [f"{m.host} joined as node {rank}" for rank, m in enumerate(after.members) if m.agent not in kept]
+    changes = left + joined
+    if len(changes) > NAMED_CHANGES:
+        changes = changes[:NAMED_CHANGES] + [f"{len(changes) - NAMED_CHANGES} more changes"]
+    return ", ".join(changes)
+
+
+@dataclass(frozen=True)
+class Seat:
+    """One node's place in one attempt, as the attempt's leader decided it."""
+
+    attempt: int
+    node_rank: int
+    nnodes: int
+    rank_offset: int
+    world_size: int
+    master_addr: str
+    master_port: int
+    store_node: Optional[int]
+    change: str
+
+    def encode(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "Seat":
+        return cls(**json.loads(raw))
+
+
+Lead = Callable[[list[Member]], list[Seat]]
+"""The leader's decision: from every node's record, in node-rank order, to every node's seat."""
+
+
+def take_seat(board: Client, prefix: str, rank: int, nnodes: int, me: Member, lead: Lead, deadline: float,
+              status: StatusLine, waiting: str, reached: str) -> Seat:
+    """Post this node's record under ``prefix`` on ``board`` and wait for its seat (see the module docstring).
+
+    A timeout names the node ranks whose records never came (``reached`` words what they
+    did not do, e.g. ``joined``).
+    """
+    board.set(f"{prefix}node/{rank}", json.dumps([me.agent, me.host, me.nproc]))
+    if int(board.add(f"{prefix}arrived", 1)) >= nnodes:
+        board.set(f"{prefix}complete", "1")
+
+    def show() -> None:
+        status.update(f"{waiting}: {min(int(board.add(f'{prefix}arrived', 0)), nnodes)}/{nnodes} "
+                      f"({time.monotonic() - started:.0f} s)")
+
+    started = time.monotonic()
+    # Only a terminal gets a status line, and only then is the wait broken up to redraw it.
+    tick = show if status.tty else None
+    if rank == 0:
+        if not wait_for_key(board, f"{prefix}complete", deadline, tick):
+            raise missing(board, prefix, nnodes, deadline - started, status, reached)
+        records = board.multi_get([f"{prefix}node/{node}" for node in range(nnodes)])
+        seats = lead([Member(*json.loads(record)) for record in records])
+        board.multi_set([f"{prefix}seat/{node}" for node in range(nnodes)], [seat.encode() for seat in seats])
+    if not wait_for_key(board, f"{prefix}seat/{rank}", deadline, tick):
+        raise missing(board, prefix, nnodes, deadline - started, status, reached)
+    status.clear()
+    return Seat.decode(board.get(f"{prefix}seat/{rank}"))
+
+
+def missing(board: Client, prefix: str, nnodes: int, waited: float, status: StatusLine, reached: str) -> LaunchError:
+    """The timeout's one line: which node ranks never came. Reads one key per node, once."""
+    status.clear()
+    absent = [node for node in range(nnodes) if not board.check([f"{prefix}node/{node}"])]
+    if not absent:
+        return LaunchError(f"timed out after {waited:.0f} s waiting for node 0 to seat the nodes")
+    return LaunchError(f"{nnodes - len(absent)} of {nnodes} nodes {reached} in {waited:.0f} s; "
+                       f"missing node ranks: {', '.join(map(str, absent))}")
+
+
+def check_job(client: Client, serving: bool, run_id: str, token: str, where: str, deadline: float,
+              status: StatusLine) -> int:
+    """Refuse to mix with an agent of another job (run id) or one without the job's token.
+
+    Returns how many agents were refused before this one came (not news to it).
+    """
+    mine = json.dumps({"run_id": run_id, "token": token_digest(token)}, sort_keys=True)
+    if serving:
+        # Only the agent serving the store names its job, so a stray agent that reaches the
+        # store first cannot claim it.
+        client.set(JobKeys.JOB, mine)
+        found = mine
+    else:
+        status.update(f"waiting for the store's host to name its job at {where}")
+        if not wait_for_key(client, JobKeys.JOB, deadline):
+            raise LaunchError(f"timed out waiting for the store's host at {where} to name its job")
+        status.clear()
+        found = client.get(JobKeys.JOB).decode()
+    if found == mine:
+        return int(client.add(JobKeys.REFUSED, 0))
+    try:
+        theirs = json.loads(found)
+    except ValueError:
+        theirs = {}
+    if theirs.get("run_id") != run_id:
+        reason = f"the store at {where} serves run id {theirs.get('run_id')!r}, not {run_id!r}"
+    else:
+        reason = f"this node's rendezvous token does not match the job's at {where}"
+    client.set(JobKeys.REFUSED_LAST, f"{socket.gethostname()} (pid {os.getpid()}): {reason}")
+    client.add(JobKeys.REFUSED, 1)
+    raise LaunchError(f"refused: {reason} (check {flag('rdzv_id')} and {flag('rdzv_conf')} token "
+                      "/ XLARUN_RDZV_TOKEN)")
+
+
+def claim_node_rank(client: Client, keys: JobKeys, rank: int, agent: int, patience: float, interval: float,
+                    status: StatusLine) -> None:
+    """Take static node rank ``rank`` for this agent, or refuse a second agent for a rank in use.
+
+    A rank whose agent is gone (left, or declared lost by the monitor) passes to this one:
+    a node restarted with the same rank rejoins the job. A holder whose heartbeat moves is
+    alive, and this agent is refused; one that stays silent for ``patience`` seconds without
+    being declared lost still holds its rank.
+    """
+    key = keys("node", rank)
+    mine = str(agent)
+    holder = client.compare_set(key, "", mine).decode()
+    deadline = time.monotonic() + patience
+    first_beat: Optional[bytes] = None
+    while holder != mine:
+        if client.check([keys("gone", holder)]):
+            holder = client.compare_set(key, holder, mine).decode()
+            continue
+        beat = client.get(keys.heartbeat(int(holder)))
+        if first_beat is None:
+            first_beat = beat
+        if beat != first_beat or time.monotonic() >= deadline:
+            raise LaunchError(f"node rank {rank} already joined run {keys.run_id!r}: "
+                              f"give each node its own {flag('node_rank')}")
+        status.update(f"node rank {rank} is held by another agent; waiting to see whether it is gone")
+        time.sleep(interval)
+    status.clear()
+
+
+def current_attempt(client: Client, keys: JobKeys, deadline: float, status: StatusLine) -> int:
+    """The attempt a newly joined static node takes part in: the next one the job will start.
+
+    A node that joins while an attempt runs (it replaces a node that was lost) waits for
+    that attempt to end.
+    """
+    published = int(client.add(keys("published"), 0))
+    if published:
+        status.update(f"waiting for attempt {published - 1} to end before joining")
+        if not wait_for_key(client, keys.attempt(published - 1, "end"), deadline):
+            raise LaunchError(f"attempt {published - 1} of run {keys.run_id!r} did not end in time for this "
+                              "node to join")
+        status.clear()
+    return published
+
+
+def announce_change(change: str, nnodes: int, min_nodes: int, max_nodes: int, status: StatusLine) -> None:
+    """One line per change of membership: ``node 2 (host-c) left; restarting with 2 nodes (2..3)``."""
+    bounds = f" ({min_nodes}..{max_nodes})" if min_nodes != max_nodes else ""
+    say(f"{change}; restarting with {nnodes} node{'s' if nnodes != 1 else ''}{bounds}", status)

@@ -1,0 +1,292 @@
+"""Watching the job while workers run: heartbeats, the news of an attempt's end, and the monitor.
+
+The work per node is constant whatever the number of nodes:
+
+- every agent bumps its own heartbeat key once per :func:`~xlarun.rendezvous.store.beat_interval`;
+- every agent blocks on one key per attempt, ``attempt_<n>/end``, which the server answers
+  the moment anyone writes it: the first failure, a node lost or gone, the last node done,
+  or the monitor's call to admit waiting nodes. The first writer wins (``compare_set``);
+- one monitor, in the agent that serves the store, reads every heartbeat of the attempt's
+  nodes in one ``multi_get`` per interval and writes the end key when a node falls silent.
+  Its cost grows with the nodes (O(N) per interval for the whole job); nobody else's does.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+from xlarun.rendezvous import AttemptEnd
+from xlarun.rendezvous.joining import LEFT_BEAT, Roster, read_roster
+from xlarun.rendezvous.store import Client, JobKeys, StatusLine, say, wait_for_key
+
+DONE = "done"
+LEFT = "left"
+# How often the monitor asks torch's rendezvous whether nodes wait to join (a read of its whole state).
+ADMISSION_INTERVAL = 1.0
+
+
+@dataclass(frozen=True)
+class News:
+    """What ended an attempt, as written once to its end key and read alike by every node."""
+
+    kind: str
+    """``done``, ``failure``, ``lost`` (silent), ``left``, ``stopped`` (workers stopped for
+    another reason) or ``admit`` (nodes wait to join)."""
+    reason: str = ""
+
+    def encode(self) -> str:
+        return DONE if self.kind == DONE else json.dumps({"kind": self.kind, "reason": self.reason})
+
+    @classmethod
+    def decode(cls, raw: bytes) -> "News":
+        if raw == DONE.encode():
+            return cls(DONE)
+        fields = json.loads(raw)
+        return cls(fields["kind"], fields["reason"])
+
+    def end(self) -> AttemptEnd:
+        return AttemptEnd(succeeded=self.kind == DONE, lost=self.reason if self.kind in ("lost", LEFT) else None,
+                          admitting=self.kind == "admit")
+
+
+def announce(client: Client, keys: JobKeys, attempt: int, news: News) -> None:
+    """Write ``news`` as the attempt's end unless something already ended it."""
+    client.compare_set(keys.attempt(attempt, "end"), "", news.encode())
+
+
+class Heartbeat:
+    """A thread that bumps this agent's heartbeat key every ``interval`` on a connection of its own.
+
+    A beat that fails means the store is gone (closed, reset): ``on_lost`` hears it once and
+    the beats stop. A store whose host hangs or vanishes without closing the connection
+    never answers, and a TCPStore call has no deadline of its own: a second thread, which
+    makes no request, calls that lost once no beat was answered for ``limit`` seconds.
+    """
+
+    def __init__(self, client: Client, key: str, interval: float, limit: float,
+                 on_lost: Callable[[BaseException], None]):
+        self.client = client
+        self._key = key
+        self._interval = interval
+        self._limit = limit
+        self._on_lost = on_lost
+        self._answered = time.monotonic()
+        self._stopped = threading.Event()
+        self._lost = threading.Event()
+        self._beater = threading.Thread(target=self._beat, name="xlarun-heartbeat", daemon=True)
+        self._watchdog = threading.Thread(target=self._watch, name="xlarun-heartbeat-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._beater.start()
+        self._watchdog.start()
+
+    def _beat(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                self.client.add(self._key, 1)
+            except Exception as error:  # any failure to beat is a store this agent cannot rely on
+                self._report(error)
+                return
+            self._answered = time.monotonic()
+
+    def _watch(self) -> None:
+        while not self._stopped.wait(self._interval):
+            if time.monotonic() - self._answered > self._limit:
+                self._report(TimeoutError(f"no answer to a heartbeat for {self._limit:.0f} s"))
+                return
+
+    def _report(self, error: BaseException) -> None:
+        if not self._stopped.is_set() and not self._lost.is_set():
+            self._lost.set()
+            self._on_lost(error)
+
+    def stop(self) -> None:
+        """Stop beating; afterwards the connection is free for the caller (no beat is in flight)."""
+        self._stopped.set()
+        for thread in (self._beater, self._watchdog):
+            if thread.is_alive():
+                thread.join()
+
+
+class EndWatch:
+    """Waits, in a thread of its own, for the end of one attempt and hands the news on.
+
+    The wait is one blocked request: no traffic until the end key is written. ``on_news``
+    runs in the watching thread; ``on_lost`` hears a store that dropped the connection.
+    """
+
+    def __init__(self, client: Client, key: str, on_news: Callable[[News], None],
+                 on_lost: Callable[[BaseException], None]):
+        self._client = client
+        self._key = key
+        self._on_news = on_news
+        self._on_lost = on_lost
+        self.ended = threading.Event()
+        self.news: Optional[News] = None
+        threading.Thread(target=self._run, name="xlarun-attempt-end", daemon=True).start()
+
+    def _run(self) -> None:
+        try:
+            wait_for_key(self._client, self._key, None)
+            self.news = News.decode(self._client.get(self._key))
+        except Exception as error:  # the store is gone: no news will ever come
+            self._on_lost(error)
+        else:
+            self._on_news(self.news)
+        finally:
+            self.ended.set()
+
+
+@dataclass
+class Silence:
+    """How long the monitor has seen one agent's heartbeat stand still."""
+
+    beat: Optional[bytes] = None
+    seconds: float = 0.0
+
+
+class Monitor:
+    """The one watcher of the whole job, in the agent that serves the store.
+
+    Each interval it reads the current attempt's heartbeats in one request; an agent whose
+    counter stood still for ``heartbeat_timeout`` is declared lost: the attempt's end key
+    says so, and ``gone/<agent>`` lets a replacement take its node rank. Time in which the
+    store itself did not answer counts as nobody's silence. It also reports agents of other
+    jobs that were refused, and (c10d) calls a restart when nodes wait to join an attempt
+    that runs with fewer than the maximum.
+    """
+
+    def __init__(self, client: Client, keys: JobKeys, heartbeat_timeout: float, interval: float,
+                 status: StatusLine, refusals_seen: int,
+                 nodes_waiting: Optional[Callable[[], int]] = None, max_nodes: int = 0):
+        self._client = client
+        self._keys = keys
+        self._timeout = heartbeat_timeout
+        self._interval = interval
+        self._status = status
+        self._refusals_seen = refusals_seen
+        self._nodes_waiting = nodes_waiting
+        self._max_nodes = max_nodes
+        self._attempt = -1
+        self._roster: Optional[Roster] = None
+        self._silence: dict[int, Silence] = {}
+        self._declared: set[tuple[int, int]] = set()
+        self.gone: set[int] = set()
+        self._last_read = time.monotonic()
+        self._next_admission = 0.0
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="xlarun-monitor", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval):
+            try:
+                self._look()
+            except Exception:  # the store is gone; every agent, this one included, hears it on its own
+                return
+
+    def _look(self) -> None:
+        self._report_refusals()
+        published = int(self._client.add(self._keys("published"), 0))
+        if published == 0:
+            return
+        if published - 1 != self._attempt:
+            self._attempt = published - 1
+            self._roster = read_roster(self._client, self._keys, self._attempt)
+            self._silence = {member.agent: Silence() for member in self._roster.members}
+        assert self._roster is not None
+        self._check_heartbeats(self._roster)
+        if self._nodes_waiting is not None and time.monotonic() >= self._next_admission:
+            self._next_admission = time.monotonic() + ADMISSION_INTERVAL
+            self._admit(self._roster)
+
+    def _check_heartbeats(self, roster: Roster) -> None:
+        asked = time.monotonic()
+        beats = self._client.multi_get([self._keys.heartbeat(member.agent) for member in roster.members])
+        answered = time.monotonic()
+        step = answered - self._last_read if answered - asked < self._interval else 0.0
+        self._last_read = answered
+        for rank, (member, beat) in enumerate(zip(roster.members, beats)):
+            if beat == LEFT_BEAT:
+                continue
+            silence = self._silence[member.agent]
+            if beat != silence.beat:
+                silence.beat, silence.seconds = beat, 0.0
+            else:
+                silence.seconds += step
+            if member.agent in self.gone or silence.seconds > self._timeout:
+                self._declare_lost(rank, member.agent)
+
+    def _declare_lost(self, rank: int, agent: int) -> None:
+        if (self._attempt, agent) in self._declared:
+            return
+        self._declared.add((self._attempt, agent))
+        self.gone.add(agent)
+        announce(self._client, self._keys, self._attempt,
+                 News("lost", f"node {rank} stopped responding (no heartbeat for {self._timeout:.0f} s)"))
+        self._client.set(self._keys("gone", agent), "lost")
+
+    def _admit(self, roster: Roster) -> None:
+        """torchrun's rule: nodes waiting while fewer than the maximum run are let in by a restart.
+
+        Not once a node's workers are done: a finished node would have to run its workers again.
+        """
+        assert self._nodes_waiting is not None
+        if len(roster.members) >= self._max_nodes or self._client.check([self._keys.attempt(self._attempt, "end")]):
+            return
+        if int(self._client.add(self._keys.attempt(self._attempt, "done"), 0)) > 0:
+            return
+        waiting = self._nodes_waiting()
+        if waiting:
+            announce(self._client, self._keys, self._attempt,
+                     News("admit", f"{waiting} node{'s' if waiting > 1 else ''} waiting to join"))
+
+    def _report_refusals(self) -> None:
+        """The job's side of a refusal: one line per stray agent turned away."""
+        count = int(self._client.add(JobKeys.REFUSED, 0))
+        if count > self._refusals_seen:
+            self._refusals_seen = count
+            last = self._client.get(JobKeys.REFUSED_LAST).decode()
+            say(f"refused an agent of another job: {last}", self._status)
+
+    def gone_from(self, attempt: int) -> int:
+        """How many of ``attempt``'s nodes were declared lost (they will never say they left)."""
+        if attempt != self._attempt or self._roster is None:
+            return 0
+        return sum(member.agent in self.gone for member in self._roster.members)
+
+
+def wait_for_end(watch: EndWatch, client: Client, keys: JobKeys, attempt: int, nnodes: int,
+                 status: StatusLine) -> None:
+    """Wait for the attempt's end after this node's workers are gone, for as long as the others run.
+
+    No deadline: nodes may finish hours apart. On a terminal the status line counts the nodes done.
+    """
+    started = time.monotonic()
+    while not watch.ended.wait(None if not status.tty else 0.5):
+        done = int(client.add(keys.attempt(attempt, "done"), 0))
+        status.update(f"waiting for the other nodes to finish: {done}/{nnodes} ({time.monotonic() - started:.0f} s)")
+    status.clear()
+
+
+def wait_until_left(client: Client, keys: JobKeys, attempt: int, nnodes: int, gone: Callable[[], int],
+                    deadline: float) -> None:
+    """The host keeps the store up until every node of the last attempt has read the outcome and left."""
+    key = keys.attempt(attempt, "all_left")
+    while time.monotonic() < deadline:
+        # Nodes declared lost never say they left; the monitor counts them.
+        if int(client.add(keys.attempt(attempt, "left"), 0)) + gone() >= nnodes:
+            return
+        if wait_for_key(client, key, min(deadline, time.monotonic() + 0.2)):
+            return
