@@ -135,6 +135,11 @@ class LaunchConfig:
     allow_busy_device: bool = False
 
 
+# Fields whose value is the option's parsed value, unchanged.
+_TAKEN_AS_PARSED = ("rdzv_conf", "max_restarts", "local_addr", "log_dir", "redirects", "tee", "local_ranks_filter",
+                    "kill_timeout", "summary_file", "dry_run", "allow_busy_device")
+
+
 def require_script(script: Optional[str]) -> str:
     if not script:
         raise UsageError("the following arguments are required: training_script (the script or command to run)")
@@ -196,18 +201,8 @@ def build_config(values: OptionValues, script: Optional[str], script_args: tuple
         rdzv_backend=rdzv_backend,
         rdzv_endpoint=rdzv_endpoint,
         rdzv_id=rdzv_id,
-        rdzv_conf=values["rdzv_conf"],
         standalone=standalone,
-        max_restarts=values["max_restarts"],
         role=values.given_or_default("role"),
-        local_addr=values["local_addr"],
-        log_dir=values["log_dir"],
-        redirects=values["redirects"],
-        tee=values["tee"],
-        local_ranks_filter=values["local_ranks_filter"],
         log_line_prefix_template=environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
-        kill_timeout=values["kill_timeout"],
-        summary_file=values["summary_file"],
-        dry_run=values["dry_run"],
-        allow_busy_device=values["allow_busy_device"],
+        **{name: values[name] for name in _TAKEN_AS_PARSED},
     )
