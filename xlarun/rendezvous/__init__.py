@@ -2,7 +2,9 @@
 
 A single node needs no agreement (:class:`FixedRendezvous`, no torch import). Several
 nodes meet through torch.distributed's TCPStore and rendezvous handlers; that code is
-imported only on that path.
+imported only on that path: ``distributed`` (the multi-node rendezvous) over ``store`` (the
+store's plumbing), ``joining`` (who takes part, and each attempt's seats) and ``watching``
+(heartbeats, the news of an attempt's end, the monitor).
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ class Rendezvous(Protocol):
         """
 
     def watch(self, stop: Callable[[str], None]) -> None:
-        """Call ``stop(reason)`` when another node fails or disappears during this attempt."""
+        """Call ``stop(reason)`` when another node fails or disappears during this attempt, or nodes wait to join."""
 
     def publish_failure(self, failure: FailureRecord) -> None:
         """Tell the other nodes this node's workers failed."""

@@ -42,8 +42,10 @@ ranks are fixed; a node restarted with its rank takes over from the lost agent.
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
 import dataclasses
+import itertools
 import json
 import os
 import socket
@@ -154,25 +156,28 @@ class StoreRendezvous:
         refusals_seen = check_job(store, self._serving, self._keys.run_id, self._token, where,
                                   time.monotonic() + self._join_timeout, self._status)
         # Every connection is made before this agent counts as joined: a slow connect must delay
-        # joining, never a heartbeat.
-        self._watch_client = self._connector(host, port, CALL_TIMEOUT)
-        beat_client = self._connector(host, port, CALL_TIMEOUT)
-        monitor_client = self._connector(host, port, CALL_TIMEOUT) if self._serving else None
+        # joining, never a heartbeat. Opened side by side: torch's client looks up a name for the
+        # store's address on each connection, and a slow resolver then costs one wait, not several.
+        static = config.rdzv_backend == "static"
+        roles = ["watch", "beat", *(["monitor"] if self._serving else []), *([] if static else ["rounds"])]
+        with concurrent.futures.ThreadPoolExecutor(len(roles)) as pool:
+            clients = dict(zip(roles, pool.map(lambda _: self._connector(host, port, CALL_TIMEOUT), roles)))
+        self._watch_client = clients["watch"]
         self._agent = int(store.add(self._keys("agents"), 1))
         store.add(self._keys.heartbeat(self._agent), 1)
-        self._beats = Heartbeat(beat_client, self._keys.heartbeat(self._agent), self._interval, CALL_TIMEOUT,
+        self._beats = Heartbeat(clients["beat"], self._keys.heartbeat(self._agent), self._interval, CALL_TIMEOUT,
                                 self._on_store_lost)
         self._beats.start()
-        if config.rdzv_backend == "static":
-            claim_node_rank(store, self._keys, config.node_rank, self._agent, self._heartbeat_timeout + 1,
+        if static:
+            claim_node_rank(store, self._keys, config.node_rank, self._agent, self._heartbeat_timeout + 5,
                             self._interval, self._status)
         else:
             store.add(self._keys("arrived"), 1)
-            self._handler = self._create_handler(store, host, port)
-        if monitor_client is not None:
+            self._handler = self._create_handler(store, clients["rounds"], host, port)
+        if self._serving:
             store.set(self._keys("host_agent"), str(self._agent))
             waiting = self._nodes_waiting if self._handler is not None else None
-            self._monitor = Monitor(monitor_client, self._keys, self._heartbeat_timeout, self._interval,
+            self._monitor = Monitor(clients["monitor"], self._keys, self._heartbeat_timeout, self._interval,
                                     self._status, refusals_seen, waiting, config.max_nodes)
             self._monitor.start()
 
@@ -198,11 +203,12 @@ class StoreRendezvous:
         self._store, self._store_host, self._store_port = store, host, port
         return store
 
-    def _create_handler(self, store: Client, host: str, port: int) -> Any:
-        """torch's ``DynamicRendezvousHandler`` for this job, on a connection of its own.
+    def _create_handler(self, store: Client, backend: Client, host: str, port: int) -> Any:
+        """torch's ``DynamicRendezvousHandler`` for this job.
 
-        Its state and keep-alives travel on that connection (its keep-alive thread must never
-        queue behind a wait of this agent's); each round's own keys go through ``store``.
+        Its state and keep-alives travel on the ``backend`` connection, its own (its keep-alive
+        thread must never queue behind a wait of this agent's); each round's own keys go
+        through ``store``.
         """
         from torch.distributed.elastic.rendezvous import RendezvousParameters
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
@@ -213,9 +219,10 @@ class StoreRendezvous:
                                       min_nodes=config.min_nodes, max_nodes=config.max_nodes,
                                       local_addr=config.local_addr,
                                       **{k: v for k, v in config.rdzv_conf.items() if k not in ("token", "is_host")})
-        backend_client: Any = self._connector(host, port, CALL_TIMEOUT)
-        rounds: Any = store  # a TCPStore; torch's stubs know it by another name than the calls it has
-        return create_handler(rounds, C10dRendezvousBackend(backend_client, self._keys.run_id), params)
+        # TCPStores; torch's stubs know them by another name than the calls they have.
+        rounds: Any = store
+        state: Any = backend
+        return create_handler(rounds, C10dRendezvousBackend(state, self._keys.run_id), params)
 
     def _nodes_waiting(self) -> int:
         """Nodes in torch's wait list (0 while a round is being formed: the handler is busy then)."""
@@ -260,9 +267,10 @@ class StoreRendezvous:
                 detail = first_line(error) or type(error).__name__
                 raise LaunchError(f"rendezvous at {where} failed: {detail}") from None
         self._status.clear()
-        return take_seat(info.store, "xlarun/", info.rank, info.world_size, me, lambda members: self._lead(None, members),
-                         time.monotonic() + self._join_timeout, self._status, "seating the round's nodes",
-                         "took their seats")
+        # The round's own keys (torch prefixes them with the round) seat its nodes.
+        return take_seat(info.store, "xlarun/", info.rank, info.world_size, me,
+                         lambda members: self._lead(None, members), time.monotonic() + self._join_timeout,
+                         self._status, "seating the round's nodes", "took their seats")
 
     @contextlib.contextmanager
     def _ticking(self) -> Iterator[None]:
@@ -305,8 +313,9 @@ class StoreRendezvous:
         # The monitor follows the latest attempt seated; a counter, so it reads it with one request.
         published = self._keys("published")
         store.add(published, attempt + 1 - int(store.add(published, 0)))
-        world_size = sum(m.nproc for m in members)
-        offsets = [sum(m.nproc for m in members[:rank]) for rank in range(len(members))]
+        # As torchrun: the workers of the nodes ranked before come first.
+        offsets = [0, *itertools.accumulate(m.nproc for m in members)]
+        world_size = offsets[-1]
         return [Seat(attempt=attempt, node_rank=rank, nnodes=len(members), rank_offset=offsets[rank],
                      world_size=world_size, master_addr=master_addr, master_port=master_port, store_node=store_node,
                      change=change) for rank in range(len(members))]
@@ -364,6 +373,9 @@ class StoreRendezvous:
         with self._lock:
             if self._lost is None:
                 self._lost = self._describe_lost_store(error)
+            watch = self._watch
+        if watch is not None:
+            watch.give_up()
         self._request_stop(self._lost)
 
     def _describe_lost_store(self, error: BaseException) -> str:
@@ -453,22 +465,29 @@ class StoreRendezvous:
         self._beats.stop()
         # The heartbeat's connection is free now; the others may be blocked in a wait.
         client = self._beats.client
-        seat = self._seat
-        with contextlib.suppress(Exception):  # the store's host is gone: no one is left to tell or wait for
-            if seat is not None and self._running:
-                announce(client, self._keys, seat.attempt,
-                         News(LEFT, f"node {seat.node_rank} left the job before its workers finished"))
-            client.set(self._keys.heartbeat(self._agent), "left")
-            client.set(self._keys("gone", self._agent), "left")
-            if seat is not None and int(client.add(self._keys.attempt(seat.attempt, "left"), 1)) >= seat.nnodes:
-                client.set(self._keys.attempt(seat.attempt, "all_left"), "1")
-            if self._monitor is not None:
-                self._monitor.stop()
-                if seat is not None:
-                    monitor = self._monitor
-                    wait_until_left(client, self._keys, seat.attempt, seat.nnodes,
-                                    lambda: monitor.gone_from(seat.attempt), time.monotonic() + self._close_timeout)
+        # A store that is gone has no one left to tell or wait for (and one that hangs would never answer).
+        if self._lost is None:
+            with contextlib.suppress(Exception):
+                self._leave(client)
+        # The host's store stops with the last reference to it.
         self._store = self._watch_client = self._worker_store_server = None
+
+    def _leave(self, client: Client) -> None:
+        """Say this agent is gone (and, mid-attempt, that the attempt is over); the host waits for the rest."""
+        seat = self._seat
+        if seat is not None and self._running:
+            announce(client, self._keys, seat.attempt,
+                     News(LEFT, f"node {seat.node_rank} left the job before its workers finished"))
+        client.set(self._keys.heartbeat(self._agent), "left")
+        client.set(self._keys("gone", self._agent), "left")
+        if seat is not None and int(client.add(self._keys.attempt(seat.attempt, "left"), 1)) >= seat.nnodes:
+            client.set(self._keys.attempt(seat.attempt, "all_left"), "1")
+        if self._monitor is not None:
+            self._monitor.stop()
+            if seat is not None:
+                monitor = self._monitor
+                wait_until_left(client, self._keys, seat.attempt, seat.nnodes, lambda: monitor.gone_from(seat.attempt),
+                                time.monotonic() + self._close_timeout)
 
 
 def connect(config: LaunchConfig, environ: Mapping[str, str]) -> StoreRendezvous:

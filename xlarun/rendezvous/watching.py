@@ -63,8 +63,9 @@ class Heartbeat:
 
     A beat that fails means the store is gone (closed, reset): ``on_lost`` hears it once and
     the beats stop. A store whose host hangs or vanishes without closing the connection
-    never answers, and a TCPStore call has no deadline of its own: a second thread, which
-    makes no request, calls that lost once no beat was answered for ``limit`` seconds.
+    never answers, and a TCPStore call has no deadline of its own: the process's
+    :class:`Watchdog`, which makes no request, calls that lost once no beat was answered
+    for ``limit`` seconds.
     """
 
     def __init__(self, client: Client, key: str, interval: float, limit: float,
@@ -72,34 +73,27 @@ class Heartbeat:
         self.client = client
         self._key = key
         self._interval = interval
-        self._limit = limit
+        self.limit = limit
         self._on_lost = on_lost
-        self._answered = time.monotonic()
+        self.answered = time.monotonic()
         self._stopped = threading.Event()
         self._lost = threading.Event()
-        self._beater = threading.Thread(target=self._beat, name="xlarun-heartbeat", daemon=True)
-        self._watchdog = threading.Thread(target=self._watch, name="xlarun-heartbeat-watchdog", daemon=True)
+        self._thread = threading.Thread(target=self._beat, name="xlarun-heartbeat", daemon=True)
 
     def start(self) -> None:
-        self._beater.start()
-        self._watchdog.start()
+        self._thread.start()
+        WATCHDOG.watch(self)
 
     def _beat(self) -> None:
         while not self._stopped.wait(self._interval):
             try:
                 self.client.add(self._key, 1)
             except Exception as error:  # any failure to beat is a store this agent cannot rely on
-                self._report(error)
+                self.report(error)
                 return
-            self._answered = time.monotonic()
+            self.answered = time.monotonic()
 
-    def _watch(self) -> None:
-        while not self._stopped.wait(self._interval):
-            if time.monotonic() - self._answered > self._limit:
-                self._report(TimeoutError(f"no answer to a heartbeat for {self._limit:.0f} s"))
-                return
-
-    def _report(self, error: BaseException) -> None:
+    def report(self, error: BaseException) -> None:
         if not self._stopped.is_set() and not self._lost.is_set():
             self._lost.set()
             self._on_lost(error)
@@ -107,9 +101,48 @@ class Heartbeat:
     def stop(self) -> None:
         """Stop beating; afterwards the connection is free for the caller (no beat is in flight)."""
         self._stopped.set()
-        for thread in (self._beater, self._watchdog):
-            if thread.is_alive():
-                thread.join()
+        WATCHDOG.forget(self)
+        if self._thread.is_alive():
+            self._thread.join()
+
+
+class Watchdog:
+    """One thread per process that reports heartbeats left unanswered past their limit.
+
+    One for the whole process rather than one per heartbeat: the pod-scale benchmark runs
+    hundreds of agents' rendezvous in one process, each a thread that must wake on time.
+    """
+
+    CHECK_INTERVAL = 1.0
+
+    def __init__(self) -> None:
+        self._beats: set[Heartbeat] = set()
+        self._lock = threading.Lock()
+        self._thread: Optional[threading.Thread] = None
+
+    def watch(self, beat: Heartbeat) -> None:
+        with self._lock:
+            self._beats.add(beat)
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="xlarun-heartbeat-watchdog", daemon=True)
+                self._thread.start()
+
+    def forget(self, beat: Heartbeat) -> None:
+        with self._lock:
+            self._beats.discard(beat)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.CHECK_INTERVAL)
+            now = time.monotonic()
+            with self._lock:
+                late = [beat for beat in self._beats if now - beat.answered > beat.limit]
+                self._beats.difference_update(late)
+            for beat in late:
+                beat.report(TimeoutError(f"no answer to a heartbeat for {beat.limit:.0f} s"))
+
+
+WATCHDOG = Watchdog()
 
 
 class EndWatch:
@@ -139,6 +172,10 @@ class EndWatch:
             self._on_news(self.news)
         finally:
             self.ended.set()
+
+    def give_up(self) -> None:
+        """The store is gone (found by the heartbeat): stop waiting for news that cannot come."""
+        self.ended.set()
 
 
 @dataclass
