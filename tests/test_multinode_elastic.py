@@ -12,6 +12,7 @@ seconds) and last call (a round of fewer than the maximum closes after ``last_ca
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
 import socket
@@ -133,3 +134,29 @@ def test_a_static_node_restarted_with_its_rank_rejoins(nodes: Nodes, out_dir: Pa
     # Attempt 0 used the job's store; attempt 1 a fresh one that node 0 serves at the master address.
     masters = {record["attempt"]: record["master"] for record in nodes.records()}
     assert masters[0] == f"{HOST}:{port}" and masters[1].startswith(f"{HOST}:") and masters[1] != masters[0]
+
+
+def test_a_node_waiting_for_a_place_when_the_job_ends_exits_0(nodes: Nodes, tmp_path: Path, port: int) -> None:
+    """As torchrun's graceful exit: a spare node of a full job has nothing to run, and nothing failed."""
+    import torch.distributed as dist
+
+    release = tmp_path / "release"
+    until_released = ("--no-python", "sh", "-c", f"while [ ! -e {release} ]; do sleep 0.1; done")
+    summary = tmp_path / "spare.json"
+    running = []
+    for _ in range(2):
+        running.append(nodes.start(*c10d(port, "full", 2, 1), *CONF, *until_released))
+        wait_for(lambda: listeners(port), f"the store to listen on port {port}")
+    wait_for(lambda: all(any(child.name() == "sh" for child in psutil.Process(agent.pid).children(recursive=True))
+                         for agent in running), "both nodes' workers")
+    spare = nodes.start(*c10d(port, "full", 2, 1), *CONF, "--summary-file", str(summary), *until_released)
+    store = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    wait_for(lambda: int(store.add("xlarun/full/unseated", 0)) == 1, "the spare node to wait for a place")
+    release.touch()
+    runs = nodes.finish_all([*running, spare])
+
+    assert [run.returncode for run in runs] == [0, 0, 0], both(runs)
+    assert lines(runs[2]) == [f"xlarun: the job of run id 'full' at {HOST}:{port} ended while this node waited for "
+                              "a place in it; nothing to run"], both(runs)
+    record = json.loads(summary.read_text())
+    assert (record["result"], record["exit_code"], record["attempts"]) == ("not_needed", 0, [])

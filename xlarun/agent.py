@@ -26,7 +26,7 @@ from xlarun.logs import make_run_log_dir, plan_worker_logs
 from xlarun.deviceplan import DevicePlan
 from xlarun.plan import worker_variables
 from xlarun.ranks import NodeAssignment
-from xlarun.rendezvous import Rendezvous
+from xlarun.rendezvous import JobEnded, Rendezvous
 from xlarun.report import RunSummary, failure_as_dict, format_report
 from xlarun.supervisor import STOP_SIGNALS, GroupOutcome, SignalInbox, WorkerGroup, WorkerResult, WorkerSpec
 
@@ -76,7 +76,12 @@ class Agent:
     def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> int:
         attempt = restarts = 0
         while True:
-            node = wait_interruptibly(inbox, self.rendezvous.assign, attempt, self.config.nproc_per_node)
+            try:
+                node = wait_interruptibly(inbox, self.rendezvous.assign, attempt, self.config.nproc_per_node)
+            except JobEnded as ended:
+                say(str(ended))
+                self.summary = RunSummary(run_id=self.config.rdzv_id, result="not_needed")
+                return 0
             if isinstance(node, Interrupted):
                 return self._stopped_by_signal(node.signal_number, "while waiting for the other nodes")
             # Several nodes number attempts for the whole job: a node that joins late takes the job's number.

@@ -28,9 +28,19 @@ class AttemptEnd:
     """The workers stopped to let waiting nodes join: a restart that costs none of the allowed restarts."""
 
 
+class JobEnded(Exception):
+    """The job ended while this node waited for a place in it: one line, and exit code 0.
+
+    As torchrun's graceful exit of a waiting node: a spare node of a finished job has
+    nothing to do, and nothing failed.
+    """
+
+
 class Rendezvous(Protocol):
     def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
         """Meet the other nodes for the next attempt and return this node's place in the world.
+
+        Raises :class:`JobEnded` when the job ends before this node got a place in it.
 
         ``attempt`` is this agent's count of attempts so far; a multi-node rendezvous numbers
         attempts for the whole job (a node that joins late takes the job's number), so the

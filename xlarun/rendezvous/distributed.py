@@ -22,6 +22,8 @@ and under ``xlarun/<run_id>/``::
     node/<rank>                  static: the agent holding each node rank
     host_agent                   the agent serving the store, to name it should it vanish
     arrived                      c10d: agents that came, for the status line and the timeout's line
+    unseated                     c10d: agents in torch's round that never had a seat; the host, closing
+                                 the round at the job's end, waits a moment for them to hear it
     attempts                     c10d: numbers the attempts for the whole job
     published                    one more than the latest attempt seated (the monitor follows it)
     attempt_<n>/roster           the attempt's nodes in rank order (agent, host, workers)
@@ -59,7 +61,7 @@ from xlarun.failures import FailureRecord
 from xlarun.options import DEFAULT_C10D_PORT, flag, split_endpoint
 from xlarun.ports import address_facing, is_local_address
 from xlarun.ranks import NodeAssignment
-from xlarun.rendezvous import AttemptEnd
+from xlarun.rendezvous import AttemptEnd, JobEnded
 from xlarun.rendezvous.joining import (Member, Roster, Seat, announce_change, check_job, claim_node_rank,
                                        current_attempt, membership_change, read_roster, take_seat)
 from xlarun.rendezvous.store import (DEFAULT_CLOSE_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT, Client,
@@ -71,6 +73,9 @@ from xlarun.rendezvous.watching import (DONE, LEFT, EndWatch, Heartbeat, Monitor
 # How long a connection may take to open, and a store may leave a heartbeat unanswered before it
 # is taken for gone (a host that vanished without closing its connections).
 CALL_TIMEOUT = 30.0
+# How long the host keeps the store up for waiting nodes to hear that the job ended: torch's
+# handler reads its round's state once a second while a node waits.
+CLOSING_GRACE = 3.0
 
 
 class StoreRendezvous:
@@ -244,12 +249,14 @@ class StoreRendezvous:
                          me, lambda members: self._lead(attempt, members), deadline, self._status, waiting, reached)
 
     def _seat_c10d(self, me: Member) -> Seat:
-        from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousError,
+        from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
+                                                              RendezvousError, RendezvousGracefulExitError,
                                                               RendezvousTimeoutError)
 
         config = self._config
         where = f"{self._store_host}:{self._store_port}"
-        with self._handler_lock, self._ticking():
+        unseated = self._keys("unseated")
+        with self._handler_lock, self._ticking(), self._counted(unseated, self._seat is None):
             try:
                 info = self._handler.next_rendezvous()
             except RendezvousTimeoutError:
@@ -260,9 +267,15 @@ class StoreRendezvous:
                                       f"same {flag('rdzv_endpoint')} and {flag('rdzv_id')}") from None
                 raise LaunchError(f"fewer than {config.min_nodes} nodes (the minimum of {flag('nnodes')}) came back "
                                   f"within {self._join_timeout:.0f} s after attempt {self._seat.attempt}") from None
-            except RendezvousClosedError:
+            except (RendezvousClosedError, RendezvousGracefulExitError):
+                if self._seat is None:
+                    raise JobEnded(f"the job of run id {self._keys.run_id!r} at {where} ended while this node "
+                                   "waited for a place in it; nothing to run") from None
                 raise LaunchError(f"the rendezvous of run id {self._keys.run_id!r} at {where} is closed: "
                                   "its job has ended") from None
+            except RendezvousConnectionError as error:
+                # torch's wrapper says only "see inner exception": the inner one says what happened.
+                raise LaunchError(self._describe_lost_store(error.__cause__ or error)) from None
             except RendezvousError as error:
                 detail = first_line(error) or type(error).__name__
                 raise LaunchError(f"rendezvous at {where} failed: {detail}") from None
@@ -271,6 +284,19 @@ class StoreRendezvous:
         return take_seat(info.store, "xlarun/", info.rank, info.world_size, me,
                          lambda members: self._lead(None, members), time.monotonic() + self._join_timeout,
                          self._status, "seating the round's nodes", "took their seats")
+
+    @contextlib.contextmanager
+    def _counted(self, key: str, counting: bool) -> Iterator[None]:
+        """While ``counting``, this agent counts in ``key`` for the duration of the block."""
+        store = self._store_client()
+        if counting:
+            store.add(key, 1)
+        try:
+            yield
+        finally:
+            if counting:
+                with contextlib.suppress(Exception):  # a store that is gone counts nobody
+                    store.add(key, -1)
 
     @contextlib.contextmanager
     def _ticking(self) -> Iterator[None]:
@@ -488,6 +514,16 @@ class StoreRendezvous:
                 monitor = self._monitor
                 wait_until_left(client, self._keys, seat.attempt, seat.nnodes, lambda: monitor.gone_from(seat.attempt),
                                 time.monotonic() + self._close_timeout)
+            if self._handler is not None:
+                self._close_round(client)
+
+    def _close_round(self, client: Client) -> None:
+        """As the host leaving: close torch's round, as torchrun's agents do, and give the nodes
+        still waiting for a place the moment they need to hear it (rather than lose the store)."""
+        self._handler.set_closed()
+        deadline = time.monotonic() + CLOSING_GRACE
+        while int(client.add(self._keys("unseated"), 0)) > 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def connect(config: LaunchConfig, environ: Mapping[str, str]) -> StoreRendezvous:
