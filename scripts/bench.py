@@ -15,8 +15,9 @@ log directory. Measures:
   launcher to reaping it; the same workers started directly by this script, without any
   launcher, are shown alongside as the floor;
 * peak memory of the launcher: the launcher process and its helper processes (xlarun's
-  orphan watchdog), workers excluded. Helpers are the launcher's descendants that stay in
-  its session (workers start sessions of their own). Each process's peak (``VmHWM``) is
+  orphan guard), workers excluded. Helpers are the launcher's descendants that stay in
+  its session (workers start sessions of their own), and the guard, which leaves it but is
+  known by its name (``orphan-guard``). Each process's peak (``VmHWM``) is
   sampled until it exits, and the peaks are summed, an upper bound on the tree's
   simultaneous peak. ``ru_maxrss`` from ``wait4`` (the largest single process, workers
   included) is a cross-check;
@@ -272,6 +273,14 @@ def session_of(pid: int) -> Optional[int]:
     return int(fields[3])
 
 
+def name_of(pid: int) -> Optional[str]:
+    try:
+        with open(f"/proc/{pid}/comm") as handle:
+            return handle.read().strip()
+    except OSError:
+        return None
+
+
 def peak_rss_kib(pid: int) -> Optional[int]:
     try:
         with open(f"/proc/{pid}/status", "rb") as handle:
@@ -302,30 +311,33 @@ class MemorySample:
 
 
 def sample_memory(runner: Runner, launcher: str) -> MemorySample:
+    from xlarun.guard import GUARD_TITLE
+
     run_dir = runner.fresh_dir(f"memory-{launcher}")
     argv = runner.launcher_argv(launcher, MEMORY_WORKERS, run_dir / "logs", runner.scripts["sleep"],
                                 str(MEMORY_WORKER_SLEEP_S))
     pid = runner.spawn(argv, run_dir / "stderr")
     peaks: dict[int, int] = {}
     workers: set[int] = set()
+    guards: set[int] = set()
     while True:
         done, status, usage = os.wait4(pid, os.WNOHANG)
         if done:
             break
         for member in [pid, *descendants(pid)]:
-            session = session_of(member)
-            if session is None:
+            peak, session = peak_rss_kib(member), session_of(member)
+            if peak is None or session is None:
                 continue
-            if session != pid:
-                # A worker, or a worker's child. A worker sampled between the launcher's fork and
-                # its setsid still looked like a helper, so its earlier peaks are dropped below.
+            peaks[member] = max(peak, peaks.get(member, 0))
+            if name_of(member) == GUARD_TITLE.split()[0]:
+                guards.add(member)
+            elif session != pid:
+                # A worker, a worker's child, or the guard before it took its name. A worker
+                # sampled between the launcher's fork and its setsid still looked like a helper,
+                # so its earlier peaks are dropped below.
                 workers.add(member)
-                continue
-            peak = peak_rss_kib(member)
-            if peak is not None:
-                peaks[member] = max(peak, peaks.get(member, 0))
         time.sleep(SAMPLE_INTERVAL_S)
-    helpers = {member: peak for member, peak in peaks.items() if member not in workers}
+    helpers = {member: peak for member, peak in peaks.items() if member in guards or member not in workers}
     check_exit(launcher, status, True, run_dir / "stderr")
     return MemorySample(tree_kib=sum(helpers.values()), launcher_kib=helpers.get(pid, 0),
                         ru_maxrss_kib=usage.ru_maxrss, processes=len(helpers))
