@@ -168,3 +168,18 @@ def test_users_own_variables_are_notices_not_prints(capsys: pytest.CaptureFixtur
     assert prepared.notices == ("keeping your own CPU_NUM_DEVICES from the environment instead of the values "
                                 "xlarun would set",)
     assert capsys.readouterr() == ("", "")
+
+
+
+@pytest.mark.parametrize("store", [("--rdzv_backend", "c10d", "--rdzv_endpoint", "10.0.0.1:29400"),
+                                   ("--rdzv_endpoint", "10.0.0.1:29400", "--node_rank", "1")],
+                         ids=["c10d", "static endpoint"])
+def test_a_coordinator_port_is_checked_against_the_master_port_the_run_will_use(store: tuple[str, ...]) -> None:
+    """29500 is no master port here: c10d's is picked at the rendezvous, and a static endpoint's
+    port is the master port."""
+    assert prepare("--nnodes", "2", "--coordinator-port", "29500", *store, "--dry-run", "t.py").config.max_nodes == 2
+
+
+def test_a_coordinator_port_on_a_static_endpoints_port_is_refused() -> None:
+    assert "coordinator port 29400 is the master port" in refusal(
+        "--nnodes", "2", "--node_rank", "1", "--rdzv_endpoint", "10.0.0.1:29400", "--coordinator-port", "29400", "t.py")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Mapping, Optional
 
 from xlarun.exceptions import UsageError
-from xlarun.options import DEFAULT_MASTER_PORT, OptionValues, StreamSpec, flag
+from xlarun.options import DEFAULT_C10D_PORT, DEFAULT_MASTER_PORT, OptionValues, StreamSpec, flag, split_endpoint
 
 RUN_PATH_BOOTSTRAP = """\
 import runpy, sys
@@ -133,6 +133,14 @@ class LaunchConfig:
     summary_file: Optional[str] = None
     dry_run: bool = False
     allow_busy_device: bool = False
+
+    def store_address(self) -> tuple[str, int]:
+        """Where the job's store is served, for several nodes: static, the endpoint if one is
+        given, else the master address and port; c10d, the endpoint (its port 29400 unless named)."""
+        if self.rdzv_backend == "static":
+            return split_endpoint(self.rdzv_endpoint, self.master_port) if self.rdzv_endpoint else \
+                (self.master_addr, self.master_port)
+        return split_endpoint(self.rdzv_endpoint or f"{self.master_addr}:{DEFAULT_C10D_PORT}", DEFAULT_C10D_PORT)
 
 
 # Fields whose value is the option's parsed value, unchanged.

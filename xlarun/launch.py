@@ -22,7 +22,7 @@ from xlarun.deviceplan import DevicePlan, DeviceRequest, check_device_plan, coun
     plan_device
 from xlarun.exceptions import LaunchError, PlanError, UsageError
 from xlarun.holders import busy_device_holders, busy_device_refusal, describe_holder
-from xlarun.options import DEFAULT_C10D_PORT, DEFAULT_MASTER_PORT, flag, read_options, split_endpoint
+from xlarun.options import DEFAULT_MASTER_PORT, flag, read_options
 from xlarun.plan import NodePlan, dry_run_document, omp_threads_default
 from xlarun.ports import free_port, host_port, taken_here
 from xlarun.ranks import NodeAssignment
@@ -61,7 +61,7 @@ def prepare_launch(given: Mapping[str, Optional[str]], script: Optional[str], sc
     except PlanError as error:
         raise values.refuse("nproc_per_node", str(error)) from None
     config = build_config(values, script, script_args, environ, sys.executable, nproc_per_node=nproc)
-    notices = [*device.notices, *check_device_plan(device, probe_node(config))]
+    notices = [*device.notices, *check_device_plan(device, probe_node(config, device))]
     split = cpu_split_world(device, nproc, config.max_nodes)
     if split is not None:
         notices.append(f"warning: {split}")
@@ -128,16 +128,28 @@ def apply_cluster(kind: str, given: Mapping[str, Optional[str]],
     return merged
 
 
-def probe_node(config: LaunchConfig) -> NodeAssignment:
+def probe_node(config: LaunchConfig, device: DevicePlan) -> NodeAssignment:
     """This node as the flags place it, for checking the device plan before any rendezvous.
 
-    A master port the launcher has yet to pick (0) is planned as the default one: the
-    device rules only need some port to derive the coordinator's from.
+    A master port the launcher has yet to pick (``--standalone``, and c10d's, which node rank
+    0's agent picks at the rendezvous) is planned as a stand-in: the device rules only need
+    some port to derive the coordinator's from.
     """
-    return NodeAssignment.single_node(config.rdzv_id, config.nproc_per_node, config.master_addr,
-                                      config.master_port or DEFAULT_MASTER_PORT,
+    if config.standalone or config.rdzv_backend != "static":
+        master_port = stand_in_ports(device)[0]
+    else:
+        master_port = config.store_address()[1] if config.max_nodes > 1 else config.master_port
+    return NodeAssignment.single_node(config.rdzv_id, config.nproc_per_node, config.master_addr, master_port,
                                       node_rank=min(config.node_rank, config.max_nodes - 1),
                                       nnodes=config.max_nodes)
+
+
+def stand_in_ports(device: DevicePlan) -> tuple[int, int]:
+    """Two master ports to plan with where the launcher picks the real one: never the coordinator
+    port given, which a master port must differ from."""
+    override = device.xla.coordinator_port if device.xla is not None else None
+    first, second = [port for port in range(DEFAULT_MASTER_PORT, DEFAULT_MASTER_PORT + 3) if port != override][:2]
+    return first, second
 
 
 def choose_rendezvous(config: LaunchConfig, environ: Mapping[str, str]) -> Rendezvous:
@@ -182,9 +194,7 @@ def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:
     a port the kernel picks), and the free port and fresh run id ``--standalone`` takes at start.
     """
     nproc = config.nproc_per_node
-    # Stand-in master ports; never the coordinator port given, which a master port must differ from.
-    override = device.xla.coordinator_port if device.xla is not None else None
-    port, other_port = [p for p in range(DEFAULT_MASTER_PORT, DEFAULT_MASTER_PORT + 3) if p != override][:2]
+    port, other_port = stand_in_ports(device)
     if config.standalone:
         node = NodeAssignment.single_node(config.rdzv_id, nproc, "localhost", port)
         return NodePlan(node, dataclasses.replace(node, master_port=other_port, run_id=f"{node.run_id}-other"))
@@ -193,15 +203,13 @@ def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:
     if config.rdzv_backend == "static":
         # Node 0's agent serves the job's store, at the endpoint when one is given; the workers'
         # first attempt uses it as torchrun's agent store.
-        host, store_port = ((config.master_addr, config.master_port) if not config.rdzv_endpoint
-                            else split_endpoint(config.rdzv_endpoint, config.master_port))
+        host, store_port = config.store_address()
         node = NodeAssignment.single_node(config.rdzv_id, nproc, host, store_port, node_rank=config.node_rank,
                                           nnodes=config.max_nodes)
         return NodePlan(dataclasses.replace(node, agent_store=True), endpoint=host_port(host, store_port),
                         assumed=(f"ranks and world size assume every node runs as many workers as this one "
                                  f"({nproc}); the rendezvous adds up the nodes' real counts",))
-    host, store_port = split_endpoint(config.rdzv_endpoint or f"{config.master_addr}:{DEFAULT_C10D_PORT}",
-                                      DEFAULT_C10D_PORT)
+    host, store_port = config.store_address()
     node = NodeAssignment(run_id=config.rdzv_id, node_rank=0, nnodes=config.min_nodes, local_world_size=nproc,
                           rank_offset=0, world_size=config.min_nodes * nproc, master_addr=host, master_port=port,
                           agent_store=True)

@@ -58,7 +58,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional
 from xlarun.config import LaunchConfig
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord
-from xlarun.options import DEFAULT_C10D_PORT, flag, split_endpoint
+from xlarun.options import flag
 from xlarun.ports import address_facing, is_local_address
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import AttemptEnd, JobEnded
@@ -144,15 +144,13 @@ class StoreRendezvous:
     def _join(self) -> None:
         """Reach (or serve) the job's store, pass the job check, and start beating."""
         config = self._config
+        host, port = config.store_address()
         if config.rdzv_backend == "static":
-            host, port = config.master_addr, config.master_port
             serve = explicit = config.node_rank == 0
             if serve and not is_local_address(host):
                 raise UsageError(f"node 0 serves the store at {flag('master_addr')} {host}, which is not an address "
                                  "of this host: give this host's address")
         else:
-            host, port = split_endpoint(config.rdzv_endpoint or f"{config.master_addr}:{DEFAULT_C10D_PORT}",
-                                        DEFAULT_C10D_PORT)
             is_host = conf_flag(config.rdzv_conf, "is_host")
             serve = is_host if is_host is not None else is_local_address(host)
             explicit = bool(is_host)
@@ -529,6 +527,6 @@ class StoreRendezvous:
 def connect(config: LaunchConfig, environ: Mapping[str, str]) -> StoreRendezvous:
     """The rendezvous for a multi-node launch; nothing is contacted until the first attempt."""
     if config.rdzv_backend == "static" and config.rdzv_endpoint:
-        host, port = split_endpoint(config.rdzv_endpoint, config.master_port)
+        host, port = config.store_address()
         config = dataclasses.replace(config, master_addr=host, master_port=port)
     return StoreRendezvous(config, environ)
