@@ -128,3 +128,19 @@ def test_record_needs_no_torch() -> None:
         [PYTHON, "-c", "import sys, xlarun; xlarun.record(print); print('torch' in sys.modules)"],
         capture_output=True, text=True, env=clean_env())
     assert completed.stdout.strip() == "False", completed.stderr
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("message", [["a", "list"], 42, None, {"message": "boom", "extraInfo": "not a dict"},
+                                     {"message": "boom", "extraInfo": {"timestamp": [1]}}],
+                         ids=["list", "number", "null", "extra not a dict", "timestamp not a number"])
+def test_an_error_file_of_any_shape_is_read_without_failing(tmp_path: Path, message: object) -> None:
+    """A worker may write anything under ``message``; the report still comes, with what it wrote."""
+    from xlarun.errorfile import read_error_file
+
+    path = tmp_path / "error.json"
+    path.write_text(json.dumps({"message": message}))
+    record = read_error_file(str(path))
+    assert record is not None
+    assert record.message == (message["message"] if isinstance(message, dict) else json.dumps(message))
+    assert record.timestamp == os.path.getmtime(path)

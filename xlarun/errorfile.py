@@ -82,14 +82,17 @@ def read_error_file(path: Optional[str]) -> Optional[ErrorRecord]:
         message = data["message"]
     except (OSError, ValueError, KeyError, TypeError):
         return None
-    if isinstance(message, str):
-        return ErrorRecord(message=message, traceback=message, timestamp=_mtime(path))
-    extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+    if not isinstance(message, dict):
+        # torchrun's own writer puts a dict or a string here; anything else is shown as it is.
+        text = message if isinstance(message, str) else json.dumps(message)
+        return ErrorRecord(message=text, traceback=text, timestamp=_mtime(path))
+    extra = message.get("extraInfo")
+    extra = extra if isinstance(extra, dict) else {}
     text = str(message.get("message", "<N/A>"))
     stamp = extra.get("timestamp")
     try:
         timestamp = float(stamp) if stamp is not None else _mtime(path)
-    except ValueError:
+    except (TypeError, ValueError):
         timestamp = _mtime(path)
     return ErrorRecord(message=text, traceback=str(extra.get("py_callstack", text)), timestamp=timestamp)
 
