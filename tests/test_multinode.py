@@ -166,6 +166,29 @@ def test_agent_killed_with_sigkill_stops_the_other_node(nodes: Nodes, out_dir: P
         wait_for(lambda pid=pid: not is_alive(pid), f"process {pid} of the job to end")
 
 
+def test_a_frozen_store_host_is_given_up_when_heartbeats_go_unanswered(nodes: Nodes, out_dir: Path,
+                                                                       port: int) -> None:
+    """A host that hangs, or is cut off without a reset, never closes its connections: the
+    other node stops its workers and exits once its beats go unanswered (30 s)."""
+    agents = [nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", HEARTBEAT, FAIL, out_dir, "-1")
+              for node_rank in (0, 1)]
+    nodes.wait_for_records(2)
+    frozen = [agents[0].pid, *(child.pid for child in psutil.Process(agents[0].pid).children(recursive=True))]
+    try:
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)
+        run = finish(agents[1], timeout=120)
+        pids = [record["pid"] for record in nodes.records() if record["pid"] not in frozen]
+    finally:
+        for pid in frozen:
+            os.kill(pid, signal.SIGKILL)
+
+    assert run.returncode == 1, run.stderr
+    assert lines(run)[-1] == (f"xlarun: lost the rendezvous store at {HOST}:{port} (no answer to a heartbeat "
+                              "for 30 s): node 0, which hosted it, stopped"), run.stderr
+    assert pids and not [pid for pid in pids if is_alive(pid)]
+
+
 @pytest.mark.parametrize("stopped", [1, 0], ids=["node1", "node0-store-host"])
 def test_sigterm_to_one_agent_stops_the_other_node(nodes: Nodes, out_dir: Path, port: int, stopped: int) -> None:
     agents = [nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", HEARTBEAT, FAIL, out_dir, "-1")

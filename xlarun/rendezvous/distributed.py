@@ -421,6 +421,8 @@ class StoreRendezvous:
 
         seat = self._seat
         assert seat is not None
+        if self._lost:
+            return  # a hung store would never answer; the watchers report the loss
         store = self._store_client()
         with contextlib.suppress(DistNetworkError):  # the store's host is gone: the watchers report that
             store.compare_set(self._keys.attempt(seat.attempt, "failure"), "", json.dumps(dataclasses.asdict(failure)))
@@ -432,7 +434,7 @@ class StoreRendezvous:
         from torch.distributed import DistNetworkError
 
         seat = self._seat
-        if seat is None:
+        if seat is None or self._lost:
             return None
         key = self._keys.attempt(seat.attempt, "failure")
         store = self._store_client()
@@ -447,6 +449,11 @@ class StoreRendezvous:
             self._stop = None
         seat, watch = self._seat, self._watch
         assert seat is not None and watch is not None
+        if self._lost:
+            # Found by the heartbeat: a store that hangs (its host frozen or cut off without a
+            # reset) would never answer the calls below.
+            self._running = False
+            raise LaunchError(self._lost)
         store = self._store_client()
         with lost_store_is_one_line(self._describe_lost_store):
             if succeeded:

@@ -99,10 +99,11 @@ class Heartbeat:
             self._on_lost(error)
 
     def stop(self) -> None:
-        """Stop beating; afterwards the connection is free for the caller (no beat is in flight)."""
+        """Stop beating; afterwards the connection is free for the caller (no beat is in flight),
+        unless the store was reported lost: a beat may then hang for good, and is left behind."""
         self._stopped.set()
         WATCHDOG.forget(self)
-        if self._thread.is_alive():
+        if self._thread.is_alive() and not self._lost.is_set():
             self._thread.join()
 
 
