@@ -10,6 +10,7 @@ import itertools
 import os
 import signal
 import subprocess
+from pathlib import Path
 from typing import IO, Optional
 
 import pytest
@@ -185,3 +186,14 @@ def test_a_second_stop_signal_skips_the_grace_period(second_signal: int) -> None
     outcome, (stubborn, _) = run_group({0: {"ignores": (signal.SIGTERM,)}}, inbox=inbox, kill_timeout=600)
     assert stubborn.signals == [signal.SIGTERM, signal.SIGKILL]
     assert outcome.launcher_signal == signal.SIGTERM
+
+
+def test_a_stop_asked_for_after_the_group_is_gone_writes_nowhere(tmp_path: Path) -> None:
+    """A rendezvous watcher may pass on news after the loop closed its stop pipe."""
+    group = WorkerGroup([spec(0)], start_process=lambda worker_spec, stdout, stderr:  # type: ignore[arg-type,return-value]
+                        FakeProcess(worker_spec, stdout, stderr, exit_code=0))
+    assert group.run(FakeInbox()).succeeded  # type: ignore[arg-type]
+    bystander = tmp_path / "bystander"
+    with open(bystander, "wb"):  # it may get the pipe's descriptor numbers, now free
+        group.request_stop("news that came late")
+    assert bystander.read_bytes() == b""

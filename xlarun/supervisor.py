@@ -27,6 +27,7 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import IO, Callable, Iterable, Optional, Protocol
@@ -264,10 +265,17 @@ class WorkerGroup:
         self._launcher_signal: Optional[int] = None
         self._stop_reason: Optional[str] = None
         self._stop_read, self._stop_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # A watcher thread may ask for a stop after the group is gone: the pipe's descriptor
+        # numbers may by then belong to another file, so closing and writing exclude each other.
+        self._stop_lock = threading.Lock()
+        self._stop_pipe_open = True
 
     def request_stop(self, reason: str) -> None:
-        """Ask the loop to tear the group down (safe from any thread, e.g. a rendezvous watcher)."""
-        os.write(self._stop_write, reason.encode()[:512] + b"\n")
+        """Ask the loop to tear the group down (safe from any thread, e.g. a rendezvous watcher;
+        a no-op once the group is gone)."""
+        with self._stop_lock:
+            if self._stop_pipe_open:
+                os.write(self._stop_write, reason.encode()[:512] + b"\n")
 
     def run(self, inbox: SignalInbox) -> GroupOutcome:
         self._selector.register(inbox.fd, selectors.EVENT_READ, lambda: self._on_signals(inbox.drain()))
@@ -462,8 +470,10 @@ class WorkerGroup:
                 os.close(worker.pidfd)
             for pidfd in worker.stragglers:
                 os.close(pidfd)
-        os.close(self._stop_read)
-        os.close(self._stop_write)
+        with self._stop_lock:
+            self._stop_pipe_open = False
+            os.close(self._stop_read)
+            os.close(self._stop_write)
 
     def _stderr_tail(self, worker: Worker) -> list[str]:
         if worker.stderr_relay is not None:
