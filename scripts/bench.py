@@ -1017,36 +1017,31 @@ def parse_args(argv: Optional[list[str]] = None) -> argparse.Namespace:
     return args
 
 
+def compare_launchers(args: argparse.Namespace) -> list[str]:
+    """The default run: xlarun and torchrun side by side, as a report."""
+    load_before = os.getloadavg()
+    with tempfile.TemporaryDirectory(prefix="xlarun-bench-") as scratch:
+        runner = Runner(Path(args.bin_dir).absolute(), Path(scratch))
+        measures = run_benchmark(runner, args.repeat, QUICK if args.quick else FULL)
+        facts = machine_facts(runner.python(), args.repeat, args.quick, load_before)
+    return ["## xlarun vs torchrun", "", *facts, "", "Medians, with the min–max range in parentheses.", "",
+            *markdown_table(measures)]
+
+
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    if args.pod_scale or args.agent_cpu:
-        started = time.perf_counter()
-        try:
-            lines = (run_pod_scale(args.nodes, args.window) if args.pod_scale
-                     else run_agent_cpu(Path(args.bin_dir).absolute(), args.cpu_run))
-        except BenchError as error:
-            print(f"bench: {error}", file=sys.stderr)
-            return 1
-        text = "\n".join(lines) + "\n"
-        sys.stdout.write(text)
-        if args.markdown_out:
-            Path(args.markdown_out).write_text(text)
-        progress(f"bench: done in {time.perf_counter() - started:.0f} s")
-        return 0
-    sizes = QUICK if args.quick else FULL
-    bin_dir = Path(args.bin_dir).absolute()
-    load_before = os.getloadavg()
     started = time.perf_counter()
-    with tempfile.TemporaryDirectory(prefix="xlarun-bench-") as scratch:
-        runner = Runner(bin_dir, Path(scratch))
-        try:
-            measures = run_benchmark(runner, args.repeat, sizes)
-        except BenchError as error:
-            print(f"bench: {error}", file=sys.stderr)
-            return 1
-    report = ["## xlarun vs torchrun", "", *machine_facts(runner.python(), args.repeat, args.quick, load_before), "",
-              "Medians, with the min–max range in parentheses.", "", *markdown_table(measures)]
-    text = "\n".join(report) + "\n"
+    try:
+        if args.pod_scale:
+            lines = run_pod_scale(args.nodes, args.window)
+        elif args.agent_cpu:
+            lines = run_agent_cpu(Path(args.bin_dir).absolute(), args.cpu_run)
+        else:
+            lines = compare_launchers(args)
+    except BenchError as error:
+        print(f"bench: {error}", file=sys.stderr)
+        return 1
+    text = "\n".join(lines) + "\n"
     sys.stdout.write(text)
     if args.markdown_out:
         Path(args.markdown_out).write_text(text)
