@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import psutil
+import torch.distributed as dist
 
 from conftest import Run, wait_for, worker
 from multinode import HOST, Nodes, both, c10d, kill_machine, lines, listeners, nodes, static  # noqa: F401
@@ -138,8 +139,6 @@ def test_a_static_node_restarted_with_its_rank_rejoins(nodes: Nodes, out_dir: Pa
 
 def test_a_node_waiting_for_a_place_when_the_job_ends_exits_0(nodes: Nodes, tmp_path: Path, port: int) -> None:
     """As torchrun's graceful exit: a spare node of a full job has nothing to run, and nothing failed."""
-    import torch.distributed as dist
-
     release = tmp_path / "release"
     until_released = ("--no-python", "sh", "-c", f"while [ ! -e {release} ]; do sleep 0.1; done")
     summary = tmp_path / "spare.json"
@@ -160,3 +159,23 @@ def test_a_node_waiting_for_a_place_when_the_job_ends_exits_0(nodes: Nodes, tmp_
                               "a place in it; nothing to run"], both(runs)
     record = json.loads(summary.read_text())
     assert (record["result"], record["exit_code"], record["attempts"]) == ("not_needed", 0, [])
+
+
+def test_a_spare_waiting_at_the_maximum_takes_the_place_of_a_lost_node(nodes: Nodes, out_dir: Path,
+                                                                      port: int) -> None:
+    host, victim = start_c10d_nodes(nodes, out_dir, port, 2, "2", "--max_restarts", "3")
+    nodes.wait_for_records(2)
+    spare = nodes.start(*c10d(port, "elastic", 2, 1), *CONF, "--max_restarts", "3", ELASTIC, out_dir, "1")
+    store = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    wait_for(lambda: int(store.add("xlarun/elastic/unseated", 0)) == 1, "the spare node to wait for a place")
+    kill_machine(victim.pid)
+    runs = nodes.finish_all([host, spare])
+
+    assert [run.returncode for run in runs] == [0, 0], both(runs)
+    final = last_attempt(nodes.records())
+    assert_world(final, 2)
+    assert {record["attempt"] for record in final} == {1}
+    for run in runs:
+        [change] = restart_lines(run)
+        assert re.fullmatch(r"xlarun: node \d \(\S+\) left, \S+ joined as node \d; restarting with 2 nodes", change), \
+            both(runs)
