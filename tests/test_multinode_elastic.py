@@ -54,6 +54,12 @@ def start_c10d_nodes(nodes: Nodes, out_dir: Path, port: int, count: int, nnodes:
     return agents
 
 
+def wait_for_a_spare(port: int, run_id: str) -> None:
+    """Until one node waits in torch's round for a place, as the job's store counts it."""
+    store = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    wait_for(lambda: int(store.add(f"xlarun/{run_id}/unseated", 0)) == 1, "the spare node to wait for a place")
+
+
 def restart_lines(run: Run) -> list[str]:
     return [line for line in lines(run) if "restarting with" in line]
 
@@ -149,8 +155,7 @@ def test_a_node_waiting_for_a_place_when_the_job_ends_exits_0(nodes: Nodes, tmp_
     wait_for(lambda: all(any(child.name() == "sh" for child in psutil.Process(agent.pid).children(recursive=True))
                          for agent in running), "both nodes' workers")
     spare = nodes.start(*c10d(port, "full", 2, 1), *CONF, "--summary-file", str(summary), *until_released)
-    store = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=30))
-    wait_for(lambda: int(store.add("xlarun/full/unseated", 0)) == 1, "the spare node to wait for a place")
+    wait_for_a_spare(port, "full")
     release.touch()
     runs = nodes.finish_all([*running, spare])
 
@@ -166,8 +171,7 @@ def test_a_spare_waiting_at_the_maximum_takes_the_place_of_a_lost_node(nodes: No
     host, victim = start_c10d_nodes(nodes, out_dir, port, 2, "2", "--max_restarts", "3")
     nodes.wait_for_records(2)
     spare = nodes.start(*c10d(port, "elastic", 2, 1), *CONF, "--max_restarts", "3", ELASTIC, out_dir, "1")
-    store = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=30))
-    wait_for(lambda: int(store.add("xlarun/elastic/unseated", 0)) == 1, "the spare node to wait for a place")
+    wait_for_a_spare(port, "elastic")
     kill_machine(victim.pid)
     runs = nodes.finish_all([host, spare])
 
