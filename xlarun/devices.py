@@ -46,8 +46,8 @@ NEURON_CORES_PER_DEVICE_TRN2 = 4
 per logical core (``NEURON_LOGICAL_NC_CONFIG=2``); give the worker count explicitly
 when running trn2 with one physical core per logical core."""
 
-_NEURON_DEVICE_NAME = re.compile(r"^neuron\d+$")
-_NVIDIA_DEVICE_NAME = re.compile(r"^nvidia\d+$")
+NEURON_DEVICE_NAME = re.compile(r"^neuron\d+$")
+NVIDIA_DEVICE_NAME = re.compile(r"^nvidia\d+$")
 
 
 def host_root(environ: Mapping[str, str]) -> str:
@@ -113,7 +113,7 @@ def _read_stripped(path: str) -> str | None:
         return None
 
 
-def _list_dir(path: str) -> list[str]:
+def list_dir(path: str) -> list[str]:
     try:
         return sorted(os.listdir(path))
     except OSError:
@@ -128,7 +128,7 @@ def tpu_chip_device_ids(root: str = "/") -> list[str]:
     """PCI device ids of the TPU chips attached to this host, one per chip."""
     pci_devices = _under(root, "sys", "bus", "pci", "devices")
     ids = []
-    for entry in _list_dir(pci_devices):
+    for entry in list_dir(pci_devices):
         if _read_stripped(os.path.join(pci_devices, entry, "vendor")) != GOOGLE_PCI_VENDOR:
             continue
         device_id = _read_stripped(os.path.join(pci_devices, entry, "device"))
@@ -149,7 +149,7 @@ def tpu_generation(root: str = "/") -> int | None:
 
 def neuron_device_count(root: str = "/") -> int:
     """Neuron devices, counted as the ``/dev/neuron<N>`` nodes the Neuron driver creates."""
-    return sum(1 for name in _list_dir(_under(root, "dev")) if _NEURON_DEVICE_NAME.match(name))
+    return sum(1 for name in list_dir(_under(root, "dev")) if NEURON_DEVICE_NAME.match(name))
 
 
 def neuron_core_count(root: str = "/") -> int:
@@ -168,7 +168,7 @@ def neuron_core_count(root: str = "/") -> int:
 
 def nvidia_gpu_count(root: str = "/") -> int:
     """NVIDIA GPUs: the driver's ``/proc/driver/nvidia/gpus`` entries, else ``/dev/nvidia<N>`` nodes."""
-    from_proc = len(_list_dir(_under(root, "proc", "driver", "nvidia", "gpus")))
+    from_proc = len(list_dir(_under(root, "proc", "driver", "nvidia", "gpus")))
     if from_proc:
         return from_proc
-    return sum(1 for name in _list_dir(_under(root, "dev")) if _NVIDIA_DEVICE_NAME.match(name))
+    return sum(1 for name in list_dir(_under(root, "dev")) if NVIDIA_DEVICE_NAME.match(name))

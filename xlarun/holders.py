@@ -24,15 +24,16 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from xlarun.devices import host_root
+from xlarun.devices import NEURON_DEVICE_NAME, NVIDIA_DEVICE_NAME, host_root, list_dir
 from xlarun.options import flag
+from xlarun.procfs import stat_fields
 
 DEVICE_FILES: Mapping[str, tuple[tuple[str, re.Pattern[str]], ...]] = {
     # A VFIO group node per chip; /dev/vfio/vfio is the container node every VFIO user shares.
     "tpu": (("dev", re.compile(r"^accel\d+$")), ("dev/vfio", re.compile(r"^(noiommu-)?\d+$"))),
-    "neuron": (("dev", re.compile(r"^neuron\d+$")),),
+    "neuron": (("dev", NEURON_DEVICE_NAME),),
     # One node per GPU; nvidiactl, nvidia-uvm and nvidia-modeset are opened by every CUDA program.
-    "cuda": (("dev", re.compile(r"^nvidia\d+$")),),
+    "cuda": (("dev", NVIDIA_DEVICE_NAME),),
 }
 """Per device: (directory under the host root, pattern of the device files' names in it)."""
 
@@ -79,11 +80,7 @@ def device_files(device: str, root: str = "/") -> set[str]:
     found: set[str] = set()
     for directory, pattern in DEVICE_FILES.get(device, ()):
         path = os.path.join(root, directory)
-        try:
-            names = os.listdir(path)
-        except OSError:
-            continue
-        for name in names:
+        for name in list_dir(path):
             if pattern.match(name):
                 # fd links show the path the file was opened by, with symlinks resolved.
                 found.add(os.path.realpath(os.path.join(path, name)))
@@ -132,18 +129,14 @@ def find_holders(paths: Iterable[str], proc: str = "/proc", exclude: Iterable[in
 def _describe_process(proc: str, pid: int, devices: set[str]) -> Optional[Holder]:
     base = f"{proc}/{pid}"
     try:
-        with open(f"{base}/stat", "rb") as handle:
-            head, rest = handle.read().rsplit(b")", 1)
+        name, fields = stat_fields(f"{base}/stat")
         with open(f"{base}/cmdline", "rb") as handle:
             argv = handle.read().rstrip(b"\0").split(b"\0")
     except OSError:
         return None  # it ended meanwhile
-    name = head.split(b"(", 1)[1].decode(errors="replace")
     if name in (daemon[:15] for daemon in SHARED_BY_DESIGN):
         return None
-    fields = rest.split()
-    # stat(5) fields 5 (pgrp), 6 (session) and 22 (starttime); the split starts at field 3.
-    pgid, sid, started = int(fields[2]), int(fields[3]), int(fields[19])
+    pgid, sid, started = int(fields[5]), int(fields[6]), int(fields[22])
     # One line whatever the arguments hold (``python -c`` programs span several).
     command = " ".join(b" ".join(argv).decode(errors="replace").split()) or f"[{name}]"
     if len(command) > COMMAND_WIDTH:
