@@ -28,6 +28,8 @@ from __future__ import annotations
 import os
 import signal
 
+from xlarun.procfs import stat_fields
+
 GUARD_TITLE = "orphan-guard"
 """The guard's command line is ``orphan-guard <launcher pid>`` and its name ``orphan-guard``."""
 
@@ -70,8 +72,7 @@ class OrphanGuard:
             try:
                 os.read(self._ready_fd, 1)
             finally:
-                os.close(self._ready_fd)
-                self._ready_fd = -1
+                self._close_ready()
 
     def watch(self, pgid: int) -> None:
         self._send(f"+{pgid}".encode())
@@ -85,6 +86,9 @@ class OrphanGuard:
             os.close(self._write_fd)
             os.waitpid(self.pid, 0)
             self.pid = 0
+        self._close_ready()
+
+    def _close_ready(self) -> None:
         if self._ready_fd >= 0:
             os.close(self._ready_fd)
             self._ready_fd = -1
@@ -151,10 +155,8 @@ def retitle(title: str) -> None:
     ``/proc/self/stat`` gives as ``arg_start`` and ``arg_end``; it is overwritten in place
     and padded with NUL bytes, so the kernel shows the new text and nothing of the old.
     """
-    with open("/proc/self/stat", "rb") as handle:
-        fields = handle.read().rsplit(b")", 1)[1].split()
-    # Fields 48 and 49 of stat(5); the split starts at field 3.
-    start, end = int(fields[45]), int(fields[46])
+    _, fields = stat_fields("/proc/self/stat")
+    start, end = int(fields[48]), int(fields[49])
     text = title.encode()[:end - start - 1]
     with open("/proc/self/mem", "r+b", buffering=0) as memory:
         memory.seek(start)

@@ -34,6 +34,7 @@ from typing import IO, Callable, Iterable, Optional, Protocol
 
 from xlarun.guard import OrphanGuard
 from xlarun.logs import StreamPlan, StreamRelay, WorkerLogPlan, read_tail
+from xlarun.procfs import stat_fields
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 RELAYED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -128,16 +129,12 @@ def group_members(pgid: int) -> list[int]:
     for name in os.listdir("/proc"):
         if not name.isdigit():
             continue
-        pid = int(name)
         try:
-            if os.getpgid(pid) != pgid:
-                continue
-            with open(f"/proc/{pid}/stat", "rb") as handle:
-                state = handle.read().rsplit(b")", 1)[1].split()[0]
+            _, fields = stat_fields(f"/proc/{name}/stat")
         except OSError:
             continue
-        if state not in (b"Z", b"X"):
-            members.append(pid)
+        if int(fields[5]) == pgid and fields[3] not in (b"Z", b"X"):
+            members.append(int(name))
     return members
 
 
@@ -268,13 +265,12 @@ class WorkerGroup:
         # A watcher thread may ask for a stop after the group is gone: the pipe's descriptor
         # numbers may by then belong to another file, so closing and writing exclude each other.
         self._stop_lock = threading.Lock()
-        self._stop_pipe_open = True
 
     def request_stop(self, reason: str) -> None:
         """Ask the loop to tear the group down (safe from any thread, e.g. a rendezvous watcher;
         a no-op once the group is gone)."""
         with self._stop_lock:
-            if self._stop_pipe_open:
+            if self._stop_write >= 0:
                 os.write(self._stop_write, reason.encode()[:512] + b"\n")
 
     def run(self, inbox: SignalInbox) -> GroupOutcome:
@@ -471,9 +467,9 @@ class WorkerGroup:
             for pidfd in worker.stragglers:
                 os.close(pidfd)
         with self._stop_lock:
-            self._stop_pipe_open = False
             os.close(self._stop_read)
             os.close(self._stop_write)
+            self._stop_write = -1
 
     def _stderr_tail(self, worker: Worker) -> list[str]:
         if worker.stderr_relay is not None:
