@@ -95,8 +95,7 @@ class Agent:
                                 on_failure=self._publisher(node, records))
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
-            self.summary.add_attempt(attempt, outcome.results)
-            self.summary.attempts[-1].update(self.rendezvous.attempt_record())
+            self.summary.add_attempt(attempt, outcome.results, self.rendezvous.attempt_record())
             if outcome.launcher_signal is not None:
                 return self._stopped_by_signal(outcome.launcher_signal)
             end = wait_interruptibly(inbox, self.rendezvous.finish_attempt, outcome.succeeded)

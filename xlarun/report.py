@@ -12,7 +12,7 @@ import os
 import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Optional
+from typing import Any, Mapping, Optional
 
 from xlarun.failures import FailureRecord, signal_name
 from xlarun.supervisor import WorkerResult
@@ -55,13 +55,15 @@ class RunSummary:
     root_cause: Optional[dict[str, Any]] = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
-    def add_attempt(self, number: int, results: list[WorkerResult]) -> None:
+    def add_attempt(self, number: int, results: list[WorkerResult],
+                    nodes: Optional[Mapping[str, Any]] = None) -> None:
+        """Record an attempt's workers, and ``nodes``: the rendezvous's world size and nodes."""
         self.attempts.append({"attempt": number, "workers": [
             {"rank": r.rank, "local_rank": r.local_rank, "pid": r.pid,
              "exitcode": r.returncode if r.returncode is None or r.returncode >= 0 else None,
              "signal": signal_name(r.signal_number) if r.signal_number else None,
              "start_time": r.started_at, "end_time": r.ended_at}
-            for r in results]})
+            for r in results], **(nodes or {})})
 
     def write(self, path: str) -> None:
         """Write the record; a path that cannot take it costs one line, not the run's exit code."""
