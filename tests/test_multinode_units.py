@@ -120,9 +120,9 @@ def test_the_first_news_of_an_attempt_is_the_one_every_node_reads() -> None:
 
 
 def test_membership_changes_name_the_nodes_that_left_and_came() -> None:
-    before = Roster((Member(1, "a", 1), Member(2, "b", 1), Member(3, "c", 1)), store_node=0)
-    after = Roster((Member(1, "a", 1), Member(2, "b", 1)), store_node=0)
-    late = Roster((Member(1, "a", 1), Member(4, "d", 1), Member(2, "b", 1)), store_node=0)
+    before = Roster((Member(1, "a", 1), Member(2, "b", 1), Member(3, "c", 1)))
+    after = Roster((Member(1, "a", 1), Member(2, "b", 1)))
+    late = Roster((Member(1, "a", 1), Member(4, "d", 1), Member(2, "b", 1)))
 
     assert membership_change(before, after) == "node 2 (c) left"
     assert membership_change(after, late) == "d joined as node 1"
@@ -132,7 +132,7 @@ def test_membership_changes_name_the_nodes_that_left_and_came() -> None:
 
 def start_monitor(store: MemoryStore, timeout: float = 1.0, interval: float = 0.05) -> Monitor:
     """A monitor of attempt 0, whose nodes are agents 1 (node 0) and 2 (node 1)."""
-    roster = Roster((Member(1, "a", 1), Member(2, "b", 1)), store_node=0)
+    roster = Roster((Member(1, "a", 1), Member(2, "b", 1)))
     store.set(KEYS.attempt(0, "roster"), roster.encode())
     store.add(KEYS("published"), 1)
     for agent in (1, 2):

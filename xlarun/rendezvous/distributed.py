@@ -64,11 +64,12 @@ from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import AttemptEnd, JobEnded
 from xlarun.rendezvous.joining import (Member, Roster, Seat, announce_change, check_job, claim_node_rank,
                                        current_attempt, membership_change, read_roster, take_seat)
-from xlarun.rendezvous.store import (DEFAULT_CLOSE_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT, Client,
-                                     Connector, JobKeys, StatusLine, beat_interval, conf_flag, conf_seconds,
-                                     connect_client, first_line, lost_store_is_one_line, serve_store, tcp_client)
-from xlarun.rendezvous.watching import (DONE, LEFT, EndWatch, Heartbeat, Monitor, News, announce, wait_for_end,
-                                        wait_until_left)
+from xlarun.rendezvous.store import (DEFAULT_CLOSE_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT,
+                                     STATUS_INTERVAL, Client, Connector, JobKeys, StatusLine, beat_interval, conf_flag,
+                                     conf_seconds, connect_client, first_line, lost_store_is_one_line, serve_store,
+                                     tcp_client)
+from xlarun.rendezvous.watching import (DONE, LEFT, LEFT_BEAT, EndWatch, Heartbeat, Monitor, News, announce,
+                                        wait_for_end, wait_until_left)
 
 # How long a connection may take to open, and a store may leave a heartbeat unanswered before it
 # is taken for gone (a host that vanished without closing its connections).
@@ -96,8 +97,9 @@ class StoreRendezvous:
         self._config = config
         conf = config.rdzv_conf
         # torchrun's static rendezvous reads "timeout" for the join; c10d never reads it.
-        static_join = conf_seconds(conf, "timeout", DEFAULT_JOIN_TIMEOUT) if config.rdzv_backend == "static" else None
-        self._join_timeout = conf_seconds(conf, "join_timeout", static_join or DEFAULT_JOIN_TIMEOUT)
+        join_default = (conf_seconds(conf, "timeout", DEFAULT_JOIN_TIMEOUT) if config.rdzv_backend == "static"
+                        else DEFAULT_JOIN_TIMEOUT)
+        self._join_timeout = conf_seconds(conf, "join_timeout", join_default)
         self._heartbeat_timeout = conf_seconds(conf, "heartbeat_timeout", DEFAULT_HEARTBEAT_TIMEOUT)
         self._close_timeout = conf_seconds(conf, "close_timeout", DEFAULT_CLOSE_TIMEOUT)
         self._interval = beat_interval(self._heartbeat_timeout)
@@ -309,7 +311,7 @@ class StoreRendezvous:
         client = self._connector(self._store_host, self._store_port, CALL_TIMEOUT)
 
         def tick() -> None:
-            while not stop.wait(0.5):
+            while not stop.wait(STATUS_INTERVAL):
                 arrived = int(client.add(self._keys("arrived"), 0))
                 self._status.update(f"waiting for nodes: {arrived} joined, {expected} expected "
                                     f"({time.monotonic() - started:.0f} s)")
@@ -328,15 +330,14 @@ class StoreRendezvous:
         master_addr, master_port = self._worker_store(attempt)
         host_agent = store.get(self._keys("host_agent")).decode()
         store_node = next((rank for rank, m in enumerate(members) if str(m.agent) == host_agent), None)
-        roster = Roster(tuple(members), store_node)
+        roster = Roster(tuple(members))
         change = ""
         previous = self._keys.attempt(attempt - 1, "roster")
         if attempt > 0 and store.check([previous]):
             change = membership_change(Roster.decode(store.get(previous)), roster)
         store.set(self._keys.attempt(attempt, "roster"), roster.encode())
-        # The monitor follows the latest attempt seated; a counter, so it reads it with one request.
-        published = self._keys("published")
-        store.add(published, attempt + 1 - int(store.add(published, 0)))
+        # The monitor follows the latest attempt seated.
+        store.set(self._keys("published"), str(attempt + 1))
         # As torchrun: the workers of the nodes ranked before come first.
         offsets = [0, *itertools.accumulate(m.nproc for m in members)]
         world_size = offsets[-1]
@@ -509,7 +510,7 @@ class StoreRendezvous:
         if seat is not None and self._running:
             announce(client, self._keys, seat.attempt,
                      News(LEFT, f"node {seat.node_rank} left the job before its workers finished"))
-        client.set(self._keys.heartbeat(self._agent), "left")
+        client.set(self._keys.heartbeat(self._agent), LEFT_BEAT.decode())
         client.set(self._keys("gone", self._agent), "left")
         if seat is not None and int(client.add(self._keys.attempt(seat.attempt, "left"), 1)) >= seat.nnodes:
             client.set(self._keys.attempt(seat.attempt, "all_left"), "1")
@@ -533,7 +534,4 @@ class StoreRendezvous:
 
 def connect(config: LaunchConfig, environ: Mapping[str, str]) -> StoreRendezvous:
     """The rendezvous for a multi-node launch; nothing is contacted until the first attempt."""
-    if config.rdzv_backend == "static" and config.rdzv_endpoint:
-        host, port = config.store_address()
-        config = dataclasses.replace(config, master_addr=host, master_port=port)
     return StoreRendezvous(config, environ)

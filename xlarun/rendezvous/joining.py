@@ -22,8 +22,6 @@ from xlarun.exceptions import LaunchError
 from xlarun.options import flag
 from xlarun.rendezvous.store import Client, JobKeys, StatusLine, say, token_digest, wait_for_key
 
-# The heartbeat value an agent leaves behind when it leaves on purpose.
-LEFT_BEAT = b"left"
 # How many membership changes one line names before it counts the rest.
 NAMED_CHANGES = 3
 
@@ -40,19 +38,17 @@ class Member:
 
 @dataclass(frozen=True)
 class Roster:
-    """An attempt's nodes, in node-rank order, and which of them serves the store."""
+    """An attempt's nodes, in node-rank order."""
 
     members: tuple[Member, ...]
-    store_node: Optional[int]
 
     def encode(self) -> str:
-        return json.dumps({"members": [[m.agent, m.host, m.nproc] for m in self.members],
-                           "store_node": self.store_node})
+        return json.dumps({"members": [[m.agent, m.host, m.nproc] for m in self.members]})
 
     @classmethod
     def decode(cls, raw: bytes) -> "Roster":
         fields = json.loads(raw)
-        return cls(tuple(Member(*member) for member in fields["members"]), fields["store_node"])
+        return cls(tuple(Member(*member) for member in fields["members"]))
 
     def describe(self) -> list[dict[str, Any]]:
         """The nodes as the summary file lists them."""

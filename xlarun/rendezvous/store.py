@@ -19,7 +19,7 @@ import sys
 import time
 from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, cast
 
-from xlarun.config import TORCH_FALSE_WORDS, TORCH_TRUE_WORDS
+from xlarun.config import TORCH_TRUE_WORDS
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.options import flag
 
@@ -115,15 +115,9 @@ def conf_seconds(conf: Mapping[str, str], key: str, default: float) -> float:
 
 
 def conf_flag(conf: Mapping[str, str], key: str) -> Optional[bool]:
+    """A boolean ``--rdzv_conf`` key, already checked by :func:`xlarun.config.check_rdzv_conf`."""
     text = conf.get(key)
-    if text is None:
-        return None
-    lowered = text.lower()
-    if lowered in TORCH_TRUE_WORDS:
-        return True
-    if lowered in TORCH_FALSE_WORDS:
-        return False
-    raise UsageError(f"{flag('rdzv_conf')} {key}={text!r} is invalid: expected true or false")
+    return None if text is None else text.lower() in TORCH_TRUE_WORDS
 
 
 def token_digest(token: str) -> str:
@@ -235,7 +229,7 @@ def connect_client(connector: Connector, host: str, port: int, timeout: float, c
                                   f"({first_line(error)}): is node 0's agent running, and is the address "
                                   "reachable from this node?") from None
             status.update(f"reaching the rendezvous store at {host}:{port} ({time.monotonic() - started:.0f} s)")
-            time.sleep(0.5)
+            time.sleep(STATUS_INTERVAL)
 
 
 @contextlib.contextmanager

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from xlarun.rendezvous import AttemptEnd
-from xlarun.rendezvous.joining import LEFT_BEAT, Roster, read_roster
-from xlarun.rendezvous.store import Client, JobKeys, StatusLine, say, wait_for_key
+from xlarun.rendezvous.joining import Roster, read_roster
+from xlarun.rendezvous.store import STATUS_INTERVAL, Client, JobKeys, StatusLine, say, wait_for_key
 
 DONE = "done"
 LEFT = "left"
+# The heartbeat value an agent leaves behind when it leaves on purpose.
+LEFT_BEAT = b"left"
 # How often the monitor asks torch's rendezvous whether nodes wait to join (a read of its whole state).
 ADMISSION_INTERVAL = 1.0
 
@@ -185,6 +187,8 @@ class Silence:
 
     beat: Optional[bytes] = None
     seconds: float = 0.0
+    declared: bool = False
+    """The agent was declared lost in this attempt (once is enough)."""
 
 
 class Monitor:
@@ -212,7 +216,6 @@ class Monitor:
         self._attempt = -1
         self._roster: Optional[Roster] = None
         self._silence: dict[int, Silence] = {}
-        self._declared: set[tuple[int, int]] = set()
         self.gone: set[int] = set()
         self._last_read = time.monotonic()
         self._next_admission = 0.0
@@ -263,13 +266,11 @@ class Monitor:
                 silence.beat, silence.seconds = beat, 0.0
             else:
                 silence.seconds += step
-            if member.agent in self.gone or silence.seconds > self._timeout:
+            if not silence.declared and (member.agent in self.gone or silence.seconds > self._timeout):
+                silence.declared = True
                 self._declare_lost(rank, member.agent)
 
     def _declare_lost(self, rank: int, agent: int) -> None:
-        if (self._attempt, agent) in self._declared:
-            return
-        self._declared.add((self._attempt, agent))
         self.gone.add(agent)
         announce(self._client, self._keys, self._attempt,
                  News("lost", f"node {rank} stopped responding (no heartbeat for {self._timeout:.0f} s)"))
@@ -312,7 +313,7 @@ def wait_for_end(watch: EndWatch, client: Client, keys: JobKeys, attempt: int, n
     No deadline: nodes may finish hours apart. On a terminal the status line counts the nodes done.
     """
     started = time.monotonic()
-    while not watch.ended.wait(None if not status.tty else 0.5):
+    while not watch.ended.wait(None if not status.tty else STATUS_INTERVAL):
         done = int(client.add(keys.attempt(attempt, "done"), 0))
         status.update(f"waiting for the other nodes to finish: {done}/{nnodes} ({time.monotonic() - started:.0f} s)")
     status.clear()
