@@ -59,6 +59,8 @@ class DevicePlan:
     """Lines to print before the workers start; a dry run shows the same lines."""
     assumed: tuple[str, ...] = ()
     """What a dry run assumed about a machine it cannot see, one line each."""
+    torch_xla_version: Optional[str] = None
+    """The installed torch_xla, None without one."""
 
     def variables(self, node: NodeAssignment, local_rank: int) -> dict[str, str]:
         """The XLA variables one worker gets, less those the user set."""
@@ -118,13 +120,14 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
     units = local_unit_count(device, root)
     host = assumed_host(device, nproc, request.spmd) if dry_run and units == 0 else None
     host_used = host is not None and nproc.word == "auto" and not request.spmd
-    topology = None
+    topology = generation = None
     if device == "tpu":
-        topology = tpu.topology(environ, units, nnodes, tpu_generation(root))
+        generation = tpu.generation_of(environ.get("TPU_ACCELERATOR_TYPE", "")) or tpu_generation(root)
+        topology = tpu.topology(environ, units, nnodes, generation)
         if topology is None and host is not None:
-            topology = tpu.topology(environ, host.units, nnodes, tpu_generation(root))
+            topology = tpu.topology(environ, host.units, nnodes, generation)
             host_used = host_used or topology is not None
-    node_units = host.units if host is not None else units
+    local_units = node_units = host.units if host is not None else units
     if device == "neuron" and environ.get("NEURON_RT_VISIBLE_CORES"):
         node_units = neuron.visible_core_count(environ["NEURON_RT_VISIBLE_CORES"]) or node_units
     xla = XlaOptions(device=device, runtime=runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
@@ -132,16 +135,15 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
                      release=release_of(torch_xla_version), local_units=node_units)
     if not dry_run:
         preflight(device, runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
-                  tpu_library_path=environ.get("TPU_LIBRARY_PATH"),
-                  tpu_generation=tpu.generation_of(environ.get("TPU_ACCELERATOR_TYPE", "")) or tpu_generation(root))
+                  tpu_library_path=environ.get("TPU_LIBRARY_PATH"), tpu_generation=generation)
         if units == 0:
             # Detection never picks a device the host lacks: it was asked for, by flag or PJRT_DEVICE.
             raise PlanError(f"device {device} was asked for, but this host has no {DRY_RUN_HOSTS[device].lacking}: "
                             f"run on a {device} host, or plan for one with {flag('dry_run')}")
     assumed = (assumption(device, host),) if host is not None and host_used else ()
-    return DevicePlan(device=device, runtime=runtime, xla=xla, spmd=request.spmd,
-                      user_environ=dict(environ), local_units=host.units if host is not None else units,
-                      notices=tuple(notices), assumed=assumed)
+    return DevicePlan(device=device, runtime=runtime, xla=xla, spmd=request.spmd, user_environ=dict(environ),
+                      local_units=local_units, notices=tuple(notices), assumed=assumed,
+                      torch_xla_version=torch_xla_version)
 
 
 def assumed_host(device: str, nproc: NprocRequest, spmd: bool) -> Optional[AssumedHost]:
@@ -175,10 +177,9 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
         return 1
     if request.count is not None:
         return request.count
-    if request.word == "auto" and device.local_units is not None:
-        if device.local_units:
-            return device.local_units
-        raise PlanError(f"found no {device.device} devices on this host: give a number, or pick the device")
+    # Never 0: a host without the device was refused (or a host with it assumed) by plan_device.
+    if request.word == "auto" and device.local_units:
+        return device.local_units
     cpus = os.cpu_count() or 1
     gpus = nvidia_gpu_count(host_root(environ))
     if request.word == "cpu":
@@ -209,7 +210,7 @@ def cpu_split_world(device: DevicePlan, nproc_per_node: int, nnodes: int) -> Opt
     joins nothing (on one node each process even serves the store itself).
     """
     if (device.device != "cpu" or device.runtime != "pjrt" or device.spmd or nproc_per_node * nnodes < 2
-            or installed_version("torch_xla") is None):
+            or device.torch_xla_version is None):
         return None
     processes = f"{nproc_per_node}" if nnodes == 1 else f"{nproc_per_node} x {nnodes}"
     return (f"PJRT's CPU client makes each of the {processes} CPU processes an XLA world of its own (rank 0 of "

@@ -38,6 +38,8 @@ class PreparedLaunch:
     notices: tuple[str, ...]
     """Lines to print before the workers start (the user's variables kept over planned ones, ...);
     a dry run prints them too."""
+    split_world: Optional[str] = None
+    """Why XLA collectives cannot join these CPU processes (:func:`cpu_split_world`), or None."""
 
 
 def prepare_launch(given: Mapping[str, Optional[str]], script: Optional[str], script_args: tuple[str, ...],
@@ -68,7 +70,7 @@ def prepare_launch(given: Mapping[str, Optional[str]], script: Optional[str], sc
     if omp_threads_default(nproc, environ) is not None:
         notices.append(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
                        "workers per node); set OMP_NUM_THREADS yourself to choose another value")
-    return PreparedLaunch(config, device, tuple(notices))
+    return PreparedLaunch(config, device, tuple(notices), split)
 
 
 def launch_from_command_line(given: Mapping[str, Optional[str]], script: Optional[str],
@@ -97,8 +99,7 @@ def explain_split_world_failure(agent: Agent, prepared: PreparedLaunch) -> None:
     On one node no agent serves a store, so under ``xla://`` every CPU process, each rank 0 of
     its own world, tries to serve one at MASTER_PORT, and all but the first fail to bind it.
     """
-    config = prepared.config
-    split = cpu_split_world(prepared.device, config.nproc_per_node, config.max_nodes)
+    split = prepared.split_world
     root = agent.summary.root_cause if agent.summary is not None else None
     if split is not None and root is not None and "EADDRINUSE" in str(root.get("traceback")):
         say(f"each CPU process took itself for rank 0 and served the store at MASTER_PORT, so all but one failed "
