@@ -11,7 +11,8 @@ import pytest
 
 from xlarun.rendezvous import AttemptEnd
 from xlarun.rendezvous.joining import Member, Roster, Seat, membership_change, take_seat
-from xlarun.rendezvous.store import JobKeys, StatusLine
+from xlarun.console import StatusLine
+from xlarun.rendezvous.store import JobKeys
 from xlarun.rendezvous.watching import Heartbeat, Monitor, News, announce
 
 pytestmark = pytest.mark.unit

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Optional, TypeVar, Union
 
 from xlarun.config import LaunchConfig
+from xlarun.console import say
 from xlarun.exceptions import LaunchError
 from xlarun.failures import FailureRecord, signal_name
 from xlarun.guard import OrphanGuard
@@ -31,12 +32,6 @@ from xlarun.report import RunSummary, failure_as_dict, format_report
 from xlarun.supervisor import STOP_SIGNALS, GroupOutcome, SignalInbox, WorkerGroup, WorkerResult, WorkerSpec
 
 T = TypeVar("T")
-
-
-def say(message: str) -> None:
-    """One line from the launcher on stderr."""
-    sys.stderr.write(f"xlarun: {message}\n")
-    sys.stderr.flush()
 
 
 class Agent:

@@ -16,7 +16,8 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from xlarun.agent import Agent, say
+from xlarun.agent import Agent
+from xlarun.console import say
 from xlarun.config import LaunchConfig, build_config, require_script
 from xlarun.deviceplan import DevicePlan, DeviceRequest, check_device_plan, count_workers, cpu_split_world, \
     plan_device

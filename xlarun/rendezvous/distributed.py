@@ -56,6 +56,7 @@ import time
 from typing import Any, Callable, Iterator, Mapping, Optional
 
 from xlarun.config import LaunchConfig
+from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord
 from xlarun.options import flag
@@ -65,7 +66,7 @@ from xlarun.rendezvous import AttemptEnd, JobEnded
 from xlarun.rendezvous.joining import (Member, Roster, Seat, announce_change, check_job, claim_node_rank,
                                        current_attempt, membership_change, read_roster, take_seat)
 from xlarun.rendezvous.store import (DEFAULT_CLOSE_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT,
-                                     STATUS_INTERVAL, Client, Connector, JobKeys, StatusLine, beat_interval, conf_flag,
+                                     STATUS_INTERVAL, Client, Connector, JobKeys, beat_interval, conf_flag,
                                      conf_seconds, connect_client, first_line, lost_store_is_one_line, serve_store,
                                      tcp_client)
 from xlarun.rendezvous.watching import (DONE, LEFT, LEFT_BEAT, EndWatch, Heartbeat, Monitor, News, announce,

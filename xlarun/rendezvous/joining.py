@@ -20,7 +20,8 @@ from typing import Any, Callable, Optional
 
 from xlarun.exceptions import LaunchError
 from xlarun.options import flag
-from xlarun.rendezvous.store import Client, JobKeys, StatusLine, say, token_digest, wait_for_key
+from xlarun.console import StatusLine
+from xlarun.rendezvous.store import Client, JobKeys, token_digest, wait_for_key
 
 # How many membership changes one line names before it counts the rest.
 NAMED_CHANGES = 3
@@ -218,4 +219,4 @@ def current_attempt(client: Client, keys: JobKeys, deadline: float, status: Stat
 def announce_change(change: str, nnodes: int, min_nodes: int, max_nodes: int, status: StatusLine) -> None:
     """One line per change of membership: ``node 2 (host-c) left; restarting with 2 nodes (2..3)``."""
     bounds = f" ({min_nodes}..{max_nodes})" if min_nodes != max_nodes else ""
-    say(f"{change}; restarting with {nnodes} node{'s' if nnodes != 1 else ''}{bounds}", status)
+    status.say(f"{change}; restarting with {nnodes} node{'s' if nnodes != 1 else ''}{bounds}")

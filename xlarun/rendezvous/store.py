@@ -15,11 +15,11 @@ import contextlib
 import datetime
 import hashlib
 import socket
-import sys
 import time
 from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, cast
 
 from xlarun.config import TORCH_TRUE_WORDS
+from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.options import flag
 
@@ -184,34 +184,6 @@ def wait_for_key(client: Client, key: str, deadline: Optional[float],
         except Exception as error:
             if not is_timeout(error):
                 raise
-
-
-class StatusLine:
-    """One line on a terminal that rewrites itself while the agent waits; silent otherwise."""
-
-    def __init__(self) -> None:
-        self._shown = False
-        self.tty = sys.stderr.isatty()
-
-    def update(self, text: str) -> None:
-        if self.tty:
-            sys.stderr.write(f"\rxlarun: {text}\033[K")
-            sys.stderr.flush()
-            self._shown = True
-
-    def clear(self) -> None:
-        if self._shown:
-            sys.stderr.write("\r\033[K")
-            sys.stderr.flush()
-            self._shown = False
-
-
-def say(text: str, status: Optional[StatusLine] = None) -> None:
-    """One line from the launcher on stderr (the agent's own ``say`` would import the supervisor)."""
-    if status is not None:
-        status.clear()
-    sys.stderr.write(f"xlarun: {text}\n")
-    sys.stderr.flush()
 
 
 def connect_client(connector: Connector, host: str, port: int, timeout: float, call_timeout: float,

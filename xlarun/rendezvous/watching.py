@@ -21,7 +21,8 @@ from typing import Callable, Optional
 
 from xlarun.rendezvous import AttemptEnd
 from xlarun.rendezvous.joining import Roster, read_roster
-from xlarun.rendezvous.store import STATUS_INTERVAL, Client, JobKeys, StatusLine, say, wait_for_key
+from xlarun.console import StatusLine
+from xlarun.rendezvous.store import STATUS_INTERVAL, Client, JobKeys, wait_for_key
 
 DONE = "done"
 LEFT = "left"
@@ -297,7 +298,7 @@ class Monitor:
         if count > self._refusals_seen:
             self._refusals_seen = count
             last = self._client.get(JobKeys.REFUSED_LAST).decode()
-            say(f"refused an agent of another job: {last}", self._status)
+            self._status.say(f"refused an agent of another job: {last}")
 
     def gone_from(self, attempt: int) -> int:
         """How many of ``attempt``'s nodes were declared lost (they will never say they left)."""
