@@ -124,7 +124,6 @@ class StoreRendezvous:
         self._seat: Optional[Seat] = None
         self._roster: Optional[Roster] = None
         self._watch: Optional[EndWatch] = None
-        self._running = False
         self._stop: Optional[Callable[[str], None]] = None
         self._lock = threading.Lock()
         self._lost: Optional[str] = None
@@ -373,7 +372,6 @@ class StoreRendezvous:
         if self._config.summary_file:
             self._roster = read_roster(self._store_client(), self._keys, seat.attempt)
         self._seat = seat
-        self._running = True
         self._watch = EndWatch(self._watch_client, self._keys.attempt(seat.attempt, "end"), self._on_news,
                                self._on_store_lost)
 
@@ -454,7 +452,6 @@ class StoreRendezvous:
         if self._lost:
             # Found by the heartbeat: a store that hangs (its host frozen or cut off without a
             # reset) would never answer the calls below.
-            self._running = False
             raise LaunchError(self._lost)
         store = self._store_client()
         with lost_store_is_one_line(self._describe_lost_store):
@@ -465,7 +462,6 @@ class StoreRendezvous:
                 announce(store, self._keys, seat.attempt,
                          News("stopped", f"the workers of node {seat.node_rank} stopped"))
             wait_for_end(watch, store, self._keys, seat.attempt, seat.nnodes, self._status)
-        self._running = False
         if self._lost:
             raise LaunchError(self._lost)
         assert watch.news is not None
@@ -508,7 +504,7 @@ class StoreRendezvous:
     def _leave(self, client: Client) -> None:
         """Say this agent is gone (and, mid-attempt, that the attempt is over); the host waits for the rest."""
         seat = self._seat
-        if seat is not None and self._running:
+        if seat is not None and self._watch is not None and self._watch.news is None:  # the attempt goes on
             announce(client, self._keys, seat.attempt,
                      News(LEFT, f"node {seat.node_rank} left the job before its workers finished"))
         client.set(self._keys.heartbeat(self._agent), LEFT_BEAT.decode())
