@@ -311,7 +311,7 @@ class MemorySample:
 
 
 def sample_memory(runner: Runner, launcher: str) -> MemorySample:
-    from xlarun.guard import GUARD_TITLE
+    from xlarun.supervision.guard import GUARD_TITLE
 
     run_dir = runner.fresh_dir(f"memory-{launcher}")
     argv = runner.launcher_argv(launcher, MEMORY_WORKERS, run_dir / "logs", runner.scripts["sleep"],

@@ -150,7 +150,7 @@ def test_a_launch_imports_no_torch(port: int) -> None:
     assert completed.returncode == 0, completed.stderr
     imported = [line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines()
                 if line.startswith("import time:") and "|" in line]
-    assert "xlarun.supervisor" in imported
+    assert "xlarun.supervision.group" in imported
     assert [name for name in imported if name.split(".")[0] in ("torch", "torch_xla")] == []
 
 
@@ -170,7 +170,7 @@ def help_row(text: str, spelling: str) -> str:
 
 
 def test_help_names_every_value_and_marks_the_script_required(help_text: str) -> None:
-    from xlarun.options import OPTIONS
+    from xlarun.cli.options import OPTIONS
 
     assert re.search(r"\s(-\S+) VALUE\b", help_text) is None
     assert help_text.startswith("Usage: xlarun [OPTIONS] TRAINING_SCRIPT [SCRIPT_ARGS]...")

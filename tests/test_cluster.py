@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from xlarun.cluster import (SLURM_PORT_BASE, SLURM_PORT_BLOCK, SLURM_PORT_BLOCKS, ClusterSettings,
+from xlarun.cli.cluster import (SLURM_PORT_BASE, SLURM_PORT_BLOCK, SLURM_PORT_BLOCKS, ClusterSettings,
                             detect_cluster, slurm_master_port)
 from xlarun.exceptions import UsageError
-from xlarun.options import CLUSTER_KINDS
+from xlarun.cli.options import CLUSTER_KINDS
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cluster"
 REPOSITORY = Path(__file__).resolve().parent.parent
@@ -276,7 +276,7 @@ def test_mpi_missing_variables_are_all_named():
 def test_mpi_reads_a_real_mpirun_environment():
     # One host can hold several ranks but not several nodes: a lone rank is a one-node job, and two
     # ranks on this host must be refused. Each rank prints what detect_cluster made of its environment.
-    probe = ("import os, sys; from xlarun.cluster import detect_cluster; from xlarun.exceptions import UsageError\n"
+    probe = ("import os, sys; from xlarun.cli.cluster import detect_cluster; from xlarun.exceptions import UsageError\n"
              "try:\n    s = detect_cluster('mpi', os.environ); print(s.nnodes, s.node_rank, s.run_id)\n"
              "except UsageError as e:\n    print('refused:', e)\n")
     environ = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
@@ -341,6 +341,6 @@ def test_explicit_kind_on_an_empty_environment_names_its_variables():
 
 def test_cluster_module_does_not_import_torch():
     imported = subprocess.run(
-        [sys.executable, "-c", "import sys, xlarun.cluster; print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys, xlarun.cli.cluster; print('torch' in sys.modules)"],
         capture_output=True, text=True, cwd=REPOSITORY, check=True)
     assert imported.stdout.strip() == "False"

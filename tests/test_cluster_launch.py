@@ -14,7 +14,7 @@ from typing import Any, Optional
 import pytest
 
 from conftest import REPO, plan, run_xlarun
-from xlarun.cluster import slurm_master_port
+from xlarun.cli.cluster import slurm_master_port
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cluster"
 SCRIPT = str(REPO / "examples" / "allreduce.py")

@@ -19,7 +19,7 @@ import pytest
 
 from conftest import REPO, TESTS, free_port, run_xlarun, worker
 from test_options import prepare, refusal
-from xlarun import packages
+from xlarun.planning import packages
 from xlarun import worker as worker_side
 from xlarun.exceptions import UsageError
 from xlarun.ranks import NodeAssignment

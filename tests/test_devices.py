@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from xlarun import devices
+from xlarun.host import devices
 from xlarun.exceptions import UsageError
 
 pytestmark = pytest.mark.unit
@@ -122,7 +122,7 @@ def test_pjrt_device_names(device, name):
 
 
 def test_launcher_side_modules_do_not_import_torch():
-    code = ("import sys, xlarun.devices, xlarun.packages, xlarun.runtimes; "
+    code = ("import sys, xlarun.host.devices, xlarun.planning.packages, xlarun.runtimes; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_xla')))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

@@ -15,8 +15,8 @@ from typing import Any
 import pytest
 
 from conftest import CONTRACT_VARIABLES, PYTHON, TESTS, finish, plan, run_xlarun, start_xlarun, worker
-from xlarun.deviceplan import xla_has_cuda
-from xlarun.packages import installed_version
+from xlarun.planning.device import xla_has_cuda
+from xlarun.planning.packages import installed_version
 
 DECIDED = "<decided at rendezvous>"
 GPU_HOST = TESTS / "fixtures" / "hosts" / "nvidia-8gpu"

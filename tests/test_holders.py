@@ -17,9 +17,9 @@ from typing import Iterator, Mapping, Optional
 import pytest
 
 from conftest import TESTS, kill_all, launcher_frames, run_xlarun, worker
-from xlarun.holders import (Holder, busy_device_holders, describe_holder, device_files, find_holders,
+from xlarun.host.holders import (Holder, busy_device_holders, describe_holder, device_files, find_holders,
                             format_age)
-from xlarun.options import flag
+from xlarun.flags import flag
 
 HOSTS_DIR = TESTS / "fixtures" / "hosts"
 

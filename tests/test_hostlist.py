@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from xlarun.exceptions import UsageError
-from xlarun.hostlist import MAX_HOSTS_PER_RANGE, expand_hostlist, first_host
+from xlarun.cli.hostlist import MAX_HOSTS_PER_RANGE, expand_hostlist, first_host
 
 pytestmark = pytest.mark.unit
 

@@ -383,6 +383,6 @@ def test_store_listens_only_on_the_given_address(nodes: Nodes, out_dir: Path, po
 def test_the_rendezvous_needs_neither_the_report_nor_the_supervisor() -> None:
     """Failure records pass between nodes without pulling in the process supervision."""
     code = ("import sys, xlarun.rendezvous; "
-            "print(sorted(name for name in ('xlarun.report', 'xlarun.supervisor') if name in sys.modules))")
+            "print(sorted(name for name in ('xlarun.supervision.report', 'xlarun.supervision.group') if name in sys.modules))")
     completed = subprocess.run([XLARUN[0], "-c", code], capture_output=True, text=True, env=clean_env())
     assert completed.stdout.strip() == "[]", completed.stderr

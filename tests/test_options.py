@@ -13,10 +13,11 @@ from pathlib import Path
 import pytest
 
 from conftest import CPU_HOST
-from xlarun.cli import parse_command_line, split_command_line
+from xlarun.cli.command import parse_command_line, split_command_line
 from xlarun.exceptions import UsageError
-from xlarun.launch import PreparedLaunch, prepare_launch
-from xlarun.options import OPTIONS, OPTIONS_BY_DEST, TORCHRUN, NprocRequest, read_options
+from xlarun.cli.launch import PreparedLaunch, prepare_launch
+from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, TORCHRUN, read_options
+from xlarun.config import NprocRequest
 
 pytestmark = pytest.mark.unit
 

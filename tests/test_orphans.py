@@ -16,7 +16,7 @@ import pytest
 
 from conftest import (XLARUN, clean_env, files_exist, finish, is_alive, kill_all, read_pid, run_xlarun, start_xlarun,
                       wait_for, worker)
-from xlarun.guard import GUARD_TITLE, OrphanGuard
+from xlarun.supervision.guard import GUARD_TITLE, OrphanGuard
 
 
 def pids(out_dir: Path, suffix: str) -> list[int]:
@@ -100,7 +100,7 @@ def test_the_guard_stands_apart_from_the_launcher() -> None:
 
 GUARDED_LAUNCHER = """
 import os, signal, subprocess, sys, time
-from xlarun.guard import OrphanGuard
+from xlarun.supervision.guard import OrphanGuard
 
 guard = OrphanGuard().start()
 guard.wait_ready()

@@ -130,8 +130,8 @@ def test_internal_links_lead_to_a_heading() -> None:
 
 def test_summary_file_schema_names_the_real_keys() -> None:
     from xlarun.failures import FailureRecord
-    from xlarun.report import RunSummary
-    from xlarun.supervisor import WorkerResult
+    from xlarun.supervision.report import RunSummary
+    from xlarun.supervision.group import WorkerResult
 
     documented = section("Summary file")
     summary = RunSummary(run_id="job")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from xlarun.logs import MAX_PARTIAL_LINE, TAIL_LINES, StreamPlan, StreamRelay
+from xlarun.supervision.relay import MAX_PARTIAL_LINE, TAIL_LINES, StreamPlan, StreamRelay
 
 pytestmark = pytest.mark.unit
 

@@ -36,7 +36,7 @@ import yaml
 
 from conftest import REPO, TESTS, clean_env
 from xlarun.exceptions import UsageError
-from xlarun.packages import preflight
+from xlarun.planning.packages import preflight
 from xlarun.runtimes.releases import NEURON_IMPORT_CONFIGURES, SUPPORTED, TPU_GENERATION_FIRST_RELEASE, \
     XLA_INIT_BREAKS, Release, XlaInitBreak, xla_init_break
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from xlarun.failures import NOT_AVAILABLE, FailureRecord
-from xlarun.report import RunSummary, failure_as_dict, format_report
+from xlarun.supervision.report import RunSummary, failure_as_dict, format_report
 
 pytestmark = pytest.mark.unit
 

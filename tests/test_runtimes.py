@@ -6,9 +6,9 @@ import re
 
 import pytest
 
-from xlarun import packages
+from xlarun.planning import packages
 from xlarun.exceptions import UsageError
-from xlarun.ports import host_port
+from xlarun.host.ports import host_port
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import XlaOptions, apply_user_precedence, coordinator_port, xla_env
 from xlarun.runtimes import tpu

@@ -15,8 +15,10 @@ from typing import IO, Optional
 
 import pytest
 
-from xlarun.logs import StreamPlan, WorkerLogPlan
-from xlarun.supervisor import RELAYED_SIGNALS, GroupOutcome, StreamTarget, WorkerGroup, WorkerResult, WorkerSpec
+from xlarun.supervision.group import GroupOutcome, WorkerGroup, WorkerResult
+from xlarun.supervision.process import StreamTarget, WorkerSpec
+from xlarun.supervision.relay import StreamPlan, WorkerLogPlan
+from xlarun.supervision.signals import RELAYED_SIGNALS
 
 pytestmark = pytest.mark.unit
 

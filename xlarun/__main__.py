@@ -1,3 +1,3 @@
-from xlarun.cli import main
+from xlarun.cli.command import main
 
 main()

@@ -1,18 +1,80 @@
-"""Launch configuration: the parsed options turned into one validated, immutable value.
+"""Launch data: what one launch runs and how, as immutable values every layer reads.
 
-:mod:`xlarun.options` parses each flag on its own; :func:`build_config` applies the rules
-that tie several flags together (standalone with a node count, a node rank within the node
-count, ...), each worded once, in terms of the flags.
+:class:`LaunchConfig` is the whole launch, validated by the command line layer
+(:mod:`xlarun.cli.rules`); :class:`WorkerCommand` the program each worker runs. The small
+values the flags parse into (:class:`NprocRequest`, :class:`StreamSpec`) and the defaults
+torchrun gives them live here too, so the layers below the command line use them without
+loading the option table.
 """
 
 from __future__ import annotations
 
-import uuid
+import enum
 from dataclasses import dataclass, field
-from typing import Callable, Mapping, Optional
+from typing import Mapping, Optional
 
-from xlarun.exceptions import UsageError
-from xlarun.options import DEFAULT_C10D_PORT, DEFAULT_MASTER_PORT, OptionValues, StreamSpec, flag, split_endpoint
+from xlarun.exceptions import InvalidValue
+
+DEFAULT_MASTER_PORT = 29500
+DEFAULT_C10D_PORT = 29400
+"""The c10d endpoint's port when it names none, as torchrun's."""
+
+STDOUT = 1
+STDERR = 2
+
+
+@dataclass(frozen=True)
+class NprocRequest:
+    """``--nproc-per-node`` as given: a count, or one of :data:`NPROC_WORDS` resolved later."""
+
+    count: Optional[int] = None
+    word: Optional[str] = None
+
+    def __str__(self) -> str:
+        return str(self.count) if self.word is None else self.word
+
+
+@dataclass(frozen=True)
+class StreamSpec:
+    """Which of a worker's streams (``STDOUT | STDERR`` bits) a redirect or tee applies to."""
+
+    default: int = 0
+    per_rank: Optional[Mapping[int, int]] = None
+
+    def for_rank(self, local_rank: int) -> int:
+        if self.per_rank is not None:
+            return self.per_rank.get(local_rank, 0)
+        return self.default
+
+
+def parse_port(text: str) -> int:
+    """A port number 0..65535 (0: the kernel picks one)."""
+    try:
+        port = int(text)
+    except ValueError:
+        raise InvalidValue() from None
+    if not 0 <= port <= 65535:
+        raise InvalidValue("out of range")
+    return port
+
+
+def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
+    """``host[:port]`` with IPv6 hosts in brackets, as torchrun's rendezvous parses it."""
+    endpoint = endpoint.strip()
+    if not endpoint:
+        raise InvalidValue("empty endpoint")
+    if endpoint.startswith("["):
+        host, bracket, rest = endpoint[1:].partition("]")
+        if not bracket or (rest and not rest.startswith(":")):
+            raise InvalidValue("an IPv6 host needs the form [addr]:port")
+        port_text = rest[1:]
+    else:
+        host, _, port_text = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
+    if not host:
+        raise InvalidValue("no host")
+    port = parse_port(port_text) if port_text else default_port
+    return host, port
+
 
 RUN_PATH_BOOTSTRAP = """\
 import runpy, sys
@@ -44,43 +106,6 @@ TORCH_FALSE_WORDS = ("0", "false", "f", "no", "n")
 """How torch's rendezvous parameters read a boolean (``RendezvousParameters.get_as_bool``), any case."""
 
 
-def _is_integer(text: str) -> bool:
-    try:
-        int(text)
-    except ValueError:
-        return False
-    return True
-
-
-def _is_positive_integer(text: str) -> bool:
-    return _is_integer(text) and int(text) > 0
-
-
-def _is_torch_bool(text: str) -> bool:
-    return text.lower() in TORCH_TRUE_WORDS + TORCH_FALSE_WORDS
-
-
-_SECONDS = (_is_positive_integer, "a positive whole number of seconds")
-RDZV_CONF_READ: Mapping[str, Mapping[str, tuple[Callable[[str], bool], str]]] = {
-    "static": {"timeout": (_is_integer, "a whole number of seconds")},
-    "c10d": {
-        "join_timeout": _SECONDS,
-        "last_call_timeout": _SECONDS,
-        "close_timeout": _SECONDS,
-        "heartbeat_timeout": _SECONDS,
-        "read_timeout": _SECONDS,
-        "keep_alive_interval": (_is_integer, "a whole number of seconds"),
-        "keep_alive_max_attempt": (_is_integer, "a whole number"),
-        "is_host": (_is_torch_bool, "true or false"),
-    },
-}
-"""The rendezvous options torchrun 2.9 reads per backend, with what it accepts: static's handler
-reads only ``timeout`` (``int()``), c10d's handler and store only the keys listed. A key the
-chosen backend does not read is ignored, however it is spelt, as torchrun ignores it (xlarun's
-own ``token`` and, under static with several nodes, ``join_timeout``, ``heartbeat_timeout`` and
-``close_timeout`` are checked where the rendezvous reads them)."""
-
-
 @dataclass(frozen=True)
 class WorkerCommand:
     """The program each worker runs; ``${local_rank}`` in its arguments is substituted per worker."""
@@ -99,6 +124,19 @@ class WorkerCommand:
         if self.run_path:
             return [self.python, "-u", "-c", RUN_PATH_BOOTSTRAP, self.script, *args]
         return [self.python, "-u", *(["-m"] if self.module else []), self.script, *args]
+
+
+class Topology(enum.Enum):
+    """How the nodes of a launch meet; :attr:`LaunchConfig.topology` says which one a launch is."""
+
+    STANDALONE = "standalone"
+    """``--standalone``: one node on a free localhost port with a fresh run id, no store."""
+    LONE_NODE = "lone node"
+    """One static node: ranks from the flags alone, no store, MASTER_PORT as given."""
+    STATIC = "static"
+    """Several nodes, each with its ``--node-rank``; node 0's agent serves the job's store."""
+    C10D = "c10d"
+    """Nodes meet at a c10d endpoint, which assigns the node ranks."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +172,15 @@ class LaunchConfig:
     dry_run: bool = False
     allow_busy_device: bool = False
 
+    @property
+    def topology(self) -> Topology:
+        """The one classification of the launch that the real run and the dry run both read."""
+        if self.standalone:
+            return Topology.STANDALONE
+        if self.rdzv_backend != "static":
+            return Topology.C10D
+        return Topology.LONE_NODE if self.max_nodes == 1 else Topology.STATIC
+
     def store_address(self) -> tuple[str, int]:
         """Where the job's store is served, for several nodes: static, the endpoint if one is
         given, else the master address and port; c10d, the endpoint (its port 29400 unless named)."""
@@ -143,74 +190,3 @@ class LaunchConfig:
         return split_endpoint(self.rdzv_endpoint or f"{self.master_addr}:{DEFAULT_C10D_PORT}", DEFAULT_C10D_PORT)
 
 
-# Fields whose value is the option's parsed value, unchanged.
-_TAKEN_AS_PARSED = ("rdzv_conf", "max_restarts", "local_addr", "log_dir", "redirects", "tee", "local_ranks_filter",
-                    "kill_timeout", "summary_file", "dry_run", "allow_busy_device")
-
-
-def require_script(script: Optional[str]) -> str:
-    if not script:
-        raise UsageError("the following arguments are required: training_script (the script or command to run)")
-    return script
-
-
-def check_rdzv_conf(backend: str, conf: Mapping[str, str]) -> None:
-    """Refuse a value the chosen backend would refuse, as torchrun would; other keys pass unread."""
-    for key, (accepts, expected) in RDZV_CONF_READ[backend].items():
-        if key in conf and not accepts(conf[key]):
-            raise UsageError(f"{flag('rdzv_conf')} {key}={conf[key]!r} is invalid: the {backend} rendezvous "
-                             f"reads it as {expected}")
-
-
-def build_config(values: OptionValues, script: Optional[str], script_args: tuple[str, ...],
-                 environ: Mapping[str, str], python: str, nproc_per_node: int) -> LaunchConfig:
-    """Check the rules between flags and build the launch configuration."""
-    script = require_script(script)
-    module, no_python, run_path = values["module"], values["no_python"], values["run_path"]
-    if module and no_python:
-        raise UsageError(f"Don't use both the '{flag('no_python')}' flag and the '{flag('module')}' flag "
-                         "at the same time.")
-    if run_path and (module or no_python):
-        raise UsageError(f"{flag('run_path')} runs a Python file: it cannot be combined with {flag('module')} "
-                         f"or {flag('no_python')}")
-    command = WorkerCommand(script=script, args=script_args, module=module, no_python=no_python,
-                            run_path=run_path, python=environ.get("PYTHON_EXEC") or python)
-
-    min_nodes, max_nodes = values["nnodes"]
-    standalone = values["standalone"]
-    rdzv_backend, rdzv_endpoint, rdzv_id = (values["rdzv_backend"], values["rdzv_endpoint"],
-                                            values.given_or_default("rdzv_id"))
-    if standalone:
-        if max_nodes > 1:
-            raise UsageError(f"{flag('standalone')} runs a single node, but {flag('nnodes')}={values.raw('nnodes')}: "
-                             "drop one of them")
-        rdzv_backend, rdzv_endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
-    if rdzv_backend in ("etcd", "etcd-v2"):
-        raise UsageError(f"{flag('rdzv_backend')}={rdzv_backend} is not supported by xlarun: use static or c10d")
-    check_rdzv_conf(rdzv_backend, values["rdzv_conf"])
-    node_rank = values["node_rank"]
-    if rdzv_backend == "static":
-        if node_rank >= max_nodes:
-            raise UsageError(f"{flag('node_rank')}={node_rank} is out of range: with "
-                             f"{flag('nnodes')}={values.raw('nnodes')} "
-                             f"it must be 0..{max_nodes - 1}")
-        if min_nodes != max_nodes:
-            raise UsageError(f"{flag('nnodes')}={values.raw('nnodes')}: a range needs {flag('rdzv_backend')}=c10d; "
-                             "static rendezvous takes a fixed node count")
-
-    return LaunchConfig(
-        command=command,
-        nproc_per_node=nproc_per_node,
-        min_nodes=min_nodes,
-        max_nodes=max_nodes,
-        node_rank=node_rank,
-        master_addr=values.given_or_default("master_addr"),
-        master_port=values["master_port"],
-        rdzv_backend=rdzv_backend,
-        rdzv_endpoint=rdzv_endpoint,
-        rdzv_id=rdzv_id,
-        standalone=standalone,
-        role=values.given_or_default("role"),
-        log_line_prefix_template=environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
-        **{name: values[name] for name in _TAKEN_AS_PARSED},
-    )

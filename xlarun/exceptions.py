@@ -19,3 +19,7 @@ class LaunchError(Exception):
     """The launcher itself could not do its part (e.g. a rendezvous failed): one line, exit code 1."""
 
     exit_code = 1
+
+
+class InvalidValue(ValueError):
+    """A value parser's refusal; the optional text says why, beyond what the flag accepts."""

@@ -59,18 +59,51 @@ from xlarun.config import LaunchConfig
 from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord
-from xlarun.options import flag
-from xlarun.ports import address_facing, is_local_address
+from xlarun.flags import flag
+from xlarun.host.ports import address_facing, is_local_address
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import AttemptEnd, JobEnded
-from xlarun.rendezvous.joining import (Member, Roster, Seat, announce_change, check_job, claim_node_rank,
-                                       current_attempt, membership_change, read_roster, take_seat)
-from xlarun.rendezvous.store import (DEFAULT_CLOSE_TIMEOUT, DEFAULT_HEARTBEAT_TIMEOUT, DEFAULT_JOIN_TIMEOUT,
-                                     STATUS_INTERVAL, Client, Connector, JobKeys, beat_interval, conf_flag,
-                                     conf_seconds, connect_client, first_line, lost_store_is_one_line, serve_store,
-                                     tcp_client)
-from xlarun.rendezvous.watching import (DONE, LEFT, LEFT_BEAT, EndWatch, Heartbeat, Monitor, News, announce,
-                                        wait_for_end, wait_until_left)
+from xlarun.rendezvous.joining import (
+    Member,
+    Roster,
+    Seat,
+    announce_change,
+    check_job,
+    claim_node_rank,
+    current_attempt,
+    membership_change,
+    read_roster,
+    take_seat,
+)
+from xlarun.rendezvous.store import (
+    DEFAULT_CLOSE_TIMEOUT,
+    DEFAULT_HEARTBEAT_TIMEOUT,
+    DEFAULT_JOIN_TIMEOUT,
+    STATUS_INTERVAL,
+    Client,
+    Connector,
+    JobKeys,
+    beat_interval,
+    conf_flag,
+    conf_seconds,
+    connect_client,
+    first_line,
+    lost_store_is_one_line,
+    serve_store,
+    tcp_client,
+)
+from xlarun.rendezvous.watching import (
+    DONE,
+    LEFT,
+    LEFT_BEAT,
+    EndWatch,
+    Heartbeat,
+    Monitor,
+    News,
+    announce,
+    wait_for_end,
+    wait_until_left,
+)
 
 # How long a connection may take to open, and a store may leave a heartbeat unanswered before it
 # is taken for gone (a host that vanished without closing its connections).
@@ -249,9 +282,13 @@ class StoreRendezvous:
                          me, lambda members: self._lead(attempt, members), deadline, self._status, waiting, reached)
 
     def _seat_c10d(self, me: Member) -> Seat:
-        from torch.distributed.elastic.rendezvous.api import (RendezvousClosedError, RendezvousConnectionError,
-                                                              RendezvousError, RendezvousGracefulExitError,
-                                                              RendezvousTimeoutError)
+        from torch.distributed.elastic.rendezvous.api import (
+            RendezvousClosedError,
+            RendezvousConnectionError,
+            RendezvousError,
+            RendezvousGracefulExitError,
+            RendezvousTimeoutError,
+        )
 
         config = self._config
         where = f"{self._store_host}:{self._store_port}"

@@ -18,9 +18,9 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
-from xlarun.exceptions import LaunchError
-from xlarun.options import flag
 from xlarun.console import StatusLine
+from xlarun.exceptions import LaunchError
+from xlarun.flags import flag
 from xlarun.rendezvous.store import Client, JobKeys, token_digest, wait_for_key
 
 # How many membership changes one line names before it counts the rest.

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, cast
 from xlarun.config import TORCH_TRUE_WORDS
 from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.options import flag
+from xlarun.flags import flag
 
 DEFAULT_JOIN_TIMEOUT = 600.0
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0

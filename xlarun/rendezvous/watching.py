@@ -19,9 +19,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable, Optional
 
+from xlarun.console import StatusLine
 from xlarun.rendezvous import AttemptEnd
 from xlarun.rendezvous.joining import Roster, read_roster
-from xlarun.console import StatusLine
 from xlarun.rendezvous.store import STATUS_INTERVAL, Client, JobKeys, wait_for_key
 
 DONE = "done"

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Mapping
 
 from xlarun.exceptions import PlanError
-from xlarun.ports import host_port
+from xlarun.host.ports import host_port
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import cpu, cuda, neuron, pjrt, tpu, xrt
 from xlarun.runtimes.releases import NEWEST, Release

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from xlarun.devices import pjrt_device_name
+from xlarun.host.devices import pjrt_device_name
 
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment

@@ -10,9 +10,9 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from xlarun.devices import resolve_device
-from xlarun.packages import installed_version, release_of
-from xlarun.plan import LAUNCHED_MARKER
+from xlarun.host.devices import resolve_device
+from xlarun.planning.environment import LAUNCHED_MARKER
+from xlarun.planning.packages import installed_version, release_of
 from xlarun.runtimes.pjrt import SPMD_MARKER
 from xlarun.runtimes.releases import xla_init_break
 from xlarun.worker import xrt
@@ -121,7 +121,7 @@ def describe_split(rank: int, world_size: int, views: Mapping[str, tuple[int, in
     ``views`` maps a name (``torch.distributed``, ``the XLA runtime``) to what it reports.
     """
     # Loaded only to word a refusal: a worker that starts well never reads the option table.
-    from xlarun.options import flag
+    from xlarun.flags import flag
 
     for name, (seen_rank, seen_world) in views.items():
         if (seen_rank, seen_world) == (rank, world_size):

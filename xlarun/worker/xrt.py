@@ -25,7 +25,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING, MutableMapping, Sequence
 
-from xlarun.ports import address_facing, free_port, host_port
+from xlarun.host.ports import address_facing, free_port, host_port
 from xlarun.xrtnames import XRT_DEVICE_KINDS, XRT_TASK_JOB
 
 if TYPE_CHECKING:
@@ -85,7 +85,7 @@ def torch_xla_has_xrt() -> bool:
 
     Reads package metadata only, so neither torch nor torch_xla is imported.
     """
-    from xlarun.packages import FIRST_WITHOUT_XRT, installed_version, major_minor
+    from xlarun.planning.packages import FIRST_WITHOUT_XRT, installed_version, major_minor
 
     version = installed_version("torch_xla")
     return version is not None and major_minor(version) < FIRST_WITHOUT_XRT

@@ -12,7 +12,6 @@ import errno
 import socket
 from typing import Optional
 
-
 IN_USE = "already in use"
 """What :func:`port_in_use` answers when something else holds the port."""
 

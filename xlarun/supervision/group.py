@@ -30,25 +30,14 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import IO, Callable, Iterable, Optional, Protocol
+from typing import IO, Callable, Optional
 
-from xlarun.guard import OrphanGuard
-from xlarun.logs import StreamPlan, StreamRelay, WorkerLogPlan, read_tail
-from xlarun.procfs import stat_fields
+from xlarun.supervision.guard import OrphanGuard
+from xlarun.supervision.process import PosixProcess, ProcessFactory, StreamTarget, WorkerProcess, WorkerSpec
+from xlarun.supervision.relay import StreamPlan, StreamRelay, read_tail
+from xlarun.supervision.signals import RELAYED_SIGNALS, SignalInbox
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-RELAYED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 READ_CHUNK = 64 * 1024
-
-
-@dataclass(frozen=True)
-class WorkerSpec:
-    local_rank: int
-    rank: int
-    argv: list[str]
-    env: dict[str, str]
-    logs: WorkerLogPlan
-    cwd: Optional[str] = None
 
 
 @dataclass
@@ -79,143 +68,8 @@ class GroupOutcome:
         return not self.failures and self.launcher_signal is None and self.stop_reason is None
 
 
-class SignalInbox:
-    """Turns the launcher's signals into bytes on a pipe that the event loop reads.
-
-    The handlers do nothing themselves (no exceptions raised inside a handler): the
-    interpreter's wakeup fd carries each signal number to the loop.
-    """
-
-    def __init__(self, signals: Iterable[int] = STOP_SIGNALS + RELAYED_SIGNALS):
-        self._signals = tuple(signals)
-        self._previous: dict[int, object] = {}
-        self.fd = -1
-        self._write_fd = -1
-        self._previous_wakeup = -1
-
-    def __enter__(self) -> "SignalInbox":
-        self.fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-        self._previous_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
-        for number in self._signals:
-            self._previous[number] = signal.signal(number, _ignore_in_handler)
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        for number, handler in self._previous.items():
-            signal.signal(number, handler)  # type: ignore[arg-type]
-        signal.set_wakeup_fd(self._previous_wakeup)
-        os.close(self.fd)
-        os.close(self._write_fd)
-
-    def drain(self) -> list[int]:
-        received: list[int] = []
-        while True:
-            try:
-                data = os.read(self.fd, 512)
-            except BlockingIOError:
-                return received
-            if not data:
-                return received
-            received.extend(number for number in data if number in self._signals)
-
-
-def _ignore_in_handler(signum: int, frame: object) -> None:
-    """The wakeup fd already told the loop; nothing else happens inside the handler."""
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live processes of a process group (found in /proc), zombies excluded."""
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            _, fields = stat_fields(f"/proc/{name}/stat")
-        except OSError:
-            continue
-        if int(fields[5]) == pgid and fields[3] not in (b"Z", b"X"):
-            members.append(int(name))
-    return members
-
-
-def signal_group(pgid: int, number: int) -> bool:
-    """Send ``number`` to a process group; False when the group is empty."""
-    try:
-        os.killpg(pgid, number)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass  # members this launcher may not signal (they changed user): the group is not empty
-    return True
-
-
-StreamTarget = Optional[int]
-"""What a worker's stream is connected to, as :class:`subprocess.Popen` takes it: ``PIPE``,
-``DEVNULL``, an open file descriptor, or None for the launcher's own."""
-
 Pipe = tuple[IO[bytes], Callable[[], bool]]
 """A worker's output pipe and the reader that copies what it holds to the stream's relay."""
-
-
-class WorkerProcess(Protocol):
-    """A started worker as the event loop drives it. It leads a process group of its own, with
-    the group id equal to its pid, so teardown reaches whatever it started."""
-
-    pid: int
-    stdout: Optional[IO[bytes]]
-    stderr: Optional[IO[bytes]]
-
-    def open_pidfd(self) -> int:
-        """A descriptor that becomes readable once the process has exited; the caller closes it."""
-
-    def reap(self) -> int:
-        """The exit, once :meth:`open_pidfd` said it happened: the code, or minus the signal."""
-
-    def signal_group(self, number: int) -> bool:
-        """Send ``number`` to the process group; False when nothing is left in it."""
-
-    def open_straggler_pidfds(self) -> list[int]:
-        """One :meth:`open_pidfd`-like descriptor per process still in the group after its leader ended."""
-
-
-ProcessFactory = Callable[[WorkerSpec, StreamTarget, StreamTarget], WorkerProcess]
-"""Starts one worker with its stdout and stderr connected as given; raises OSError when it cannot."""
-
-
-class PosixProcess:
-    """A real worker: a new session (so a new process group) running the spec's argv."""
-
-    def __init__(self, spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget):
-        popen = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=stdout, stderr=stderr,
-                                 start_new_session=True, close_fds=True)
-        # Popen must not reap or warn about a child whose status the event loop collects.
-        popen.returncode = 0
-        self.pid: int = popen.pid
-        self.stdout: Optional[IO[bytes]] = popen.stdout
-        self.stderr: Optional[IO[bytes]] = popen.stderr
-
-    def open_pidfd(self) -> int:
-        return os.pidfd_open(self.pid)
-
-    def reap(self) -> int:
-        _, status = os.waitpid(self.pid, 0)
-        return os.waitstatus_to_exitcode(status)
-
-    def signal_group(self, number: int) -> bool:
-        return signal_group(self.pid, number)
-
-    def open_straggler_pidfds(self) -> list[int]:
-        try:
-            os.killpg(self.pid, 0)
-        except OSError:
-            return []  # the group is empty: no need to look through /proc
-        pidfds = []
-        for pid in group_members(self.pid):
-            try:
-                pidfds.append(os.pidfd_open(pid))
-            except OSError:
-                continue  # it ended meanwhile
-        return pidfds
 
 
 @dataclass(eq=False)
@@ -238,7 +92,7 @@ class Worker:
         return self.process.pid
 
     @property
-    def waited_for(self) -> bool:
+    def still_waited_on(self) -> bool:
         return self.pidfd is not None or bool(self.stragglers)
 
 
@@ -352,7 +206,7 @@ class WorkerGroup:
         return read
 
     def _loop(self) -> None:
-        while any(worker.waited_for for worker in self._workers):
+        while any(worker.still_waited_on for worker in self._workers):
             timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
             events = self._selector.select(timeout)
             for key, _ in events:

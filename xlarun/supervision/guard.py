@@ -28,7 +28,7 @@ from __future__ import annotations
 import os
 import signal
 
-from xlarun.procfs import stat_fields
+from xlarun.host.procfs import stat_fields
 
 GUARD_TITLE = "orphan-guard"
 """The guard's command line is ``orphan-guard <launcher pid>`` and its name ``orphan-guard``."""

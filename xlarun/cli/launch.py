@@ -8,7 +8,6 @@ prints the plan.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import shutil
@@ -16,18 +15,27 @@ import sys
 from dataclasses import dataclass
 from typing import Mapping, Optional
 
-from xlarun.agent import Agent
+from xlarun.cli.options import read_options
+from xlarun.cli.rules import build_config, require_script
+from xlarun.config import LaunchConfig, Topology
 from xlarun.console import say
-from xlarun.config import LaunchConfig, build_config, require_script
-from xlarun.deviceplan import DevicePlan, DeviceRequest, check_device_plan, count_workers, cpu_split_world, \
-    plan_device
 from xlarun.exceptions import LaunchError, PlanError, UsageError
-from xlarun.holders import busy_device_holders, busy_device_refusal, describe_holder
-from xlarun.options import DEFAULT_MASTER_PORT, flag, read_options
-from xlarun.plan import NodePlan, dry_run_document, omp_threads_default
-from xlarun.ports import free_port, host_port, taken_here
+from xlarun.flags import flag
+from xlarun.host.holders import busy_device_holders, busy_device_refusal, describe_holder
+from xlarun.host.ports import free_port, taken_here
+from xlarun.planning.device import (
+    DevicePlan,
+    DeviceRequest,
+    check_device_plan,
+    count_workers,
+    cpu_split_world,
+    plan_device,
+)
+from xlarun.planning.dryrun import plan_document, probe_node
+from xlarun.planning.environment import omp_threads_default, worker_variables
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous
+from xlarun.supervision.agent import Agent
 
 
 @dataclass(frozen=True)
@@ -50,7 +58,7 @@ def prepare_launch(given: Mapping[str, Optional[str]], script: Optional[str], sc
     Pure but for reading the host's device files and the installed packages' metadata:
     every refusal of bad input happens here, as a :class:`UsageError`.
     """
-    require_script(script)
+    script = require_script(script)
     values = read_options(given, environ)
     if values["cluster"] != "none":
         values = read_options(apply_cluster(values["cluster"], given, environ), environ)
@@ -88,7 +96,10 @@ def launch_from_command_line(given: Mapping[str, Optional[str]], script: Optiona
     check_command(prepared.config)
     for notice in prepared.notices:
         say(notice)
-    agent = Agent(prepared.config, prepared.device, rendezvous, environ)
+    def variables_for(node: NodeAssignment, local_rank: int, error_file: str) -> dict[str, str]:
+        return worker_variables(prepared.config, node, local_rank, prepared.device, environ, error_file)
+
+    agent = Agent(prepared.config, rendezvous, environ, variables_for)
     code = agent.run()
     explain_split_world_failure(agent, prepared)
     return code
@@ -110,7 +121,7 @@ def explain_split_world_failure(agent: Agent, prepared: PreparedLaunch) -> None:
 def apply_cluster(kind: str, given: Mapping[str, Optional[str]],
                   environ: Mapping[str, str]) -> dict[str, Optional[str]]:
     """Fill in what a scheduler (Slurm, Kubernetes, ...) says about the job; explicit flags win."""
-    from xlarun.cluster import detect_cluster
+    from xlarun.cli.cluster import detect_cluster
 
     merged = dict(given)
     settings = detect_cluster(kind, environ)
@@ -130,34 +141,11 @@ def apply_cluster(kind: str, given: Mapping[str, Optional[str]],
     return merged
 
 
-def probe_node(config: LaunchConfig, device: DevicePlan) -> NodeAssignment:
-    """This node as the flags place it, for checking the device plan before any rendezvous.
-
-    A master port the launcher has yet to pick (``--standalone``, and c10d's, which node rank
-    0's agent picks at the rendezvous) is planned as a stand-in: the device rules only need
-    some port to derive the coordinator's from.
-    """
-    if config.standalone or config.rdzv_backend != "static":
-        master_port = stand_in_ports(device)[0]
-    else:
-        master_port = config.store_address()[1] if config.max_nodes > 1 else config.master_port
-    return NodeAssignment.single_node(config.rdzv_id, config.nproc_per_node, config.master_addr, master_port,
-                                      node_rank=min(config.node_rank, config.max_nodes - 1),
-                                      nnodes=config.max_nodes)
-
-
-def stand_in_ports(device: DevicePlan) -> tuple[int, int]:
-    """Two master ports to plan with where the launcher picks the real one: never the coordinator
-    port given, which a master port must differ from."""
-    override = device.xla.coordinator_port if device.xla is not None else None
-    first, second = [port for port in range(DEFAULT_MASTER_PORT, DEFAULT_MASTER_PORT + 3) if port != override][:2]
-    return first, second
-
-
 def choose_rendezvous(config: LaunchConfig, environ: Mapping[str, str]) -> Rendezvous:
-    if config.standalone:
+    topology = config.topology
+    if topology is Topology.STANDALONE:
         return FixedRendezvous(config.rdzv_id, "localhost", free_port())
-    if config.max_nodes == 1 and config.rdzv_backend == "static":
+    if topology is Topology.LONE_NODE:
         if taken_here(config.master_addr, config.master_port):
             raise UsageError(f"master port {config.master_port} on {config.master_addr} is already in use: pick "
                              f"another with {flag('master_port')} PORT, or use {flag('standalone')} for a free one")
@@ -187,51 +175,9 @@ def check_command(config: LaunchConfig) -> None:
         raise UsageError(f"training script not found: {command.script}")
 
 
-def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:
-    """This node as the rendezvous :func:`choose_rendezvous` picks would place it, for a dry run.
-
-    A dry run meets no other node, so what only a real rendezvous decides gets a stand-in
-    value, and :attr:`NodePlan.alternative` another one, which the plan marks wherever it
-    shows: c10d's node ranks, world size and workers' store (node rank 0's agent serves it on
-    a port the kernel picks), and the free port and fresh run id ``--standalone`` takes at start.
-    """
-    nproc = config.nproc_per_node
-    port, other_port = stand_in_ports(device)
-    if config.standalone:
-        node = NodeAssignment.single_node(config.rdzv_id, nproc, "localhost", port)
-        return NodePlan(node, dataclasses.replace(node, master_port=other_port, run_id=f"{node.run_id}-other"))
-    if config.max_nodes == 1 and config.rdzv_backend == "static":
-        return NodePlan(NodeAssignment.single_node(config.rdzv_id, nproc, config.master_addr, config.master_port))
-    if config.rdzv_backend == "static":
-        # Node 0's agent serves the job's store, at the endpoint when one is given; the workers'
-        # first attempt uses it as torchrun's agent store.
-        host, store_port = config.store_address()
-        node = NodeAssignment.single_node(config.rdzv_id, nproc, host, store_port, node_rank=config.node_rank,
-                                          nnodes=config.max_nodes)
-        return NodePlan(dataclasses.replace(node, agent_store=True), endpoint=host_port(host, store_port),
-                        assumed=(f"ranks and world size assume every node runs as many workers as this one "
-                                 f"({nproc}); the rendezvous adds up the nodes' real counts",))
-    host, store_port = config.store_address()
-    node = NodeAssignment(run_id=config.rdzv_id, node_rank=0, nnodes=config.min_nodes, local_world_size=nproc,
-                          rank_offset=0, world_size=config.min_nodes * nproc, master_addr=host, master_port=port,
-                          agent_store=True)
-    other = dataclasses.replace(node, master_addr=f"{host}-other", master_port=other_port)
-    if config.max_nodes > 1:
-        other = dataclasses.replace(other, node_rank=1, rank_offset=nproc, world_size=node.world_size + 1,
-                                    nnodes=node.nnodes + (config.min_nodes != config.max_nodes))
-    return NodePlan(node, other, endpoint=host_port(host, store_port))
-
-
 def print_plan(prepared: PreparedLaunch, environ: Mapping[str, str]) -> int:
     """Print the dry run's plan on stdout, and on stderr the lines a real run would print with what was assumed."""
-    config, device = prepared.config, prepared.device
-    planned = plan_node(config, device)
-    log_dir = config.log_dir or "<log_dir>"
-    document = dry_run_document(config, planned, device, environ,
-                                lambda run_id, local_rank: os.path.join(log_dir, f"{run_id}_<random>", "attempt_0",
-                                                                        str(local_rank), "error.json"),
-                                notices=prepared.notices)
-    document["device_holders"] = [holder.as_dict() for holder in busy_device_holders(device.device, environ)]
+    document = plan_document(prepared.config, prepared.device, environ, notices=prepared.notices)
     for line in (*document["notices"], *document["assumed"]):
         say(line)
     json.dump(document, sys.stdout, indent=2)

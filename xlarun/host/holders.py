@@ -24,9 +24,9 @@ import re
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional
 
-from xlarun.devices import NEURON_DEVICE_NAME, NVIDIA_DEVICE_NAME, host_root, list_dir
-from xlarun.options import flag
-from xlarun.procfs import stat_fields
+from xlarun.flags import flag
+from xlarun.host.devices import NEURON_DEVICE_NAME, NVIDIA_DEVICE_NAME, host_root, list_dir
+from xlarun.host.procfs import stat_fields
 
 DEVICE_FILES: Mapping[str, tuple[tuple[str, re.Pattern[str]], ...]] = {
     # A VFIO group node per chip; /dev/vfio/vfio is the container node every VFIO user shares.

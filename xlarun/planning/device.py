@@ -8,8 +8,8 @@ Usage::
     notices = check_device_plan(device, probe_node)   # lines for the caller to print
     device.variables(node, local_rank)                # what one worker gets
 
-Everything is decided from the host's files (:mod:`xlarun.devices`), the installed
-packages' metadata (:mod:`xlarun.packages`) and the environment, without importing torch.
+Everything is decided from the host's files (:mod:`xlarun.host.devices`), the installed
+packages' metadata (:mod:`xlarun.planning.packages`) and the environment, without importing torch.
 The per-runtime translations live in :mod:`xlarun.runtimes`.
 """
 
@@ -19,11 +19,19 @@ import os
 from dataclasses import dataclass, field
 from typing import Mapping, Optional
 
-from xlarun.devices import host_root, local_unit_count, nvidia_gpu_count, resolve_device, tpu_generation
+from xlarun.config import NprocRequest
 from xlarun.exceptions import PlanError
-from xlarun.options import NprocRequest, flag
-from xlarun.packages import FIRST_WITH_CUDA_NAME, FIRST_WITHOUT_CUDA, installed_version, major_minor, preflight, \
-    release_of, resolve_runtime
+from xlarun.flags import flag
+from xlarun.host.devices import host_root, local_unit_count, nvidia_gpu_count, resolve_device, tpu_generation
+from xlarun.planning.packages import (
+    FIRST_WITH_CUDA_NAME,
+    FIRST_WITHOUT_CUDA,
+    installed_version,
+    major_minor,
+    preflight,
+    release_of,
+    resolve_runtime,
+)
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import XlaOptions, apply_user_precedence, neuron, tpu, xla_env
 

@@ -2,7 +2,11 @@
 
 Usage::
 
-    exit_code = Agent(config, device_plan, rendezvous, environ).run()
+    exit_code = Agent(config, rendezvous, environ, variables_for).run()
+
+``variables_for(node, local_rank, error_file)`` gives what xlarun sets for one worker (the
+planning layer's :func:`~xlarun.planning.environment.worker_variables`, bound to the device
+plan); the agent calls it at each attempt, as the ranks may have changed.
 
 One attempt is: meet the other nodes (a no-op on one node), build the worker specs,
 supervise the group. A failed attempt with restarts left starts the group again with
@@ -22,25 +26,29 @@ from xlarun.config import LaunchConfig
 from xlarun.console import say
 from xlarun.exceptions import LaunchError
 from xlarun.failures import FailureRecord, signal_name
-from xlarun.guard import OrphanGuard
-from xlarun.logs import make_run_log_dir, plan_worker_logs
-from xlarun.deviceplan import DevicePlan
-from xlarun.plan import worker_variables
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import JobEnded, Rendezvous
-from xlarun.report import RunSummary, failure_as_dict, format_report
-from xlarun.supervisor import STOP_SIGNALS, GroupOutcome, SignalInbox, WorkerGroup, WorkerResult, WorkerSpec
+from xlarun.supervision.group import GroupOutcome, WorkerGroup, WorkerResult
+from xlarun.supervision.guard import OrphanGuard
+from xlarun.supervision.logs import make_run_log_dir, plan_worker_logs
+from xlarun.supervision.process import WorkerSpec
+from xlarun.supervision.report import RunSummary, failure_as_dict, failure_of, format_report
+from xlarun.supervision.signals import STOP_SIGNALS, SignalInbox
 
 T = TypeVar("T")
 
 
+WorkerVariables = Callable[[NodeAssignment, int, str], Mapping[str, str]]
+"""What xlarun sets for one worker, from its node's assignment, its local rank and its error file."""
+
+
 class Agent:
-    def __init__(self, config: LaunchConfig, device: DevicePlan, rendezvous: Rendezvous,
-                 environ: Mapping[str, str]):
+    def __init__(self, config: LaunchConfig, rendezvous: Rendezvous, environ: Mapping[str, str],
+                 variables_for: WorkerVariables):
         self.config = config
-        self.device = device
         self.rendezvous = rendezvous
         self.environ = dict(environ)
+        self.variables_for = variables_for
         self.summary: Optional[RunSummary] = None
         self._run_dir = ""
 
@@ -115,7 +123,7 @@ class Agent:
         """Adds a local failure to this attempt's ``records`` the moment it is seen (so in the order
         the group saw them) and tells the other nodes (if any)."""
         def publish(result: WorkerResult) -> None:
-            record = FailureRecord.from_result(result, node.node_rank, node.nnodes)
+            record = failure_of(result, node.node_rank, node.nnodes)
             records.append(record)
             self.rendezvous.publish_failure(record)
 
@@ -126,7 +134,7 @@ class Agent:
         for local_rank in range(node.local_world_size):
             rank = node.global_rank(local_rank)
             logs = plan_worker_logs(self.config, self._run_dir, attempt, local_rank, rank)
-            variables = worker_variables(self.config, node, local_rank, self.device, self.environ, logs.error_file)
+            variables = self.variables_for(node, local_rank, logs.error_file)
             specs.append(WorkerSpec(local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank),
                                     env={**self.environ, **variables}, logs=logs))
         return specs

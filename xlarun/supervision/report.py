@@ -9,15 +9,34 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any, Mapping, Optional
 
-from xlarun.failures import FailureRecord, signal_name
-from xlarun.supervisor import WorkerResult
+from xlarun.errorfile import read_error_file
+from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
+from xlarun.supervision.group import WorkerResult
 
 MAX_WIDTH = 60
+
+
+def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> FailureRecord:
+    """A failed worker's record. The traceback is the worker's error file (``@record``), else the signal that killed
+    it, else the last lines it wrote to stderr: whatever best says why it failed."""
+    recorded = read_error_file(result.error_file)
+    returncode = result.returncode if result.returncode is not None else 1
+    if recorded is not None:
+        text = recorded.traceback
+    elif returncode < 0:
+        text = f"Signal {-returncode} ({signal_name(-returncode)}) received by PID {result.pid}"
+    else:
+        text = "\n".join(result.stderr_tail) or NOT_AVAILABLE
+    return FailureRecord(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
+                         time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
+                         host=socket.getfqdn(), error_file=result.error_file if recorded else NOT_AVAILABLE,
+                         traceback=text.rstrip("\n"), node_rank=node_rank, nnodes=nnodes)
 
 
 def format_failure(index: int, failure: FailureRecord) -> str:

@@ -1,6 +1,6 @@
 """Every flag xlarun takes, one row each: spellings, value parser, default, help, owner.
 
-The command-line parser (:mod:`xlarun.cli`), ``--help``, the ``PET_*`` fallbacks, the
+The command-line parser (:mod:`xlarun.cli.command`), ``--help``, the ``PET_*`` fallbacks, the
 value checks and the ``--dry-run`` plan's ``options`` all read :data:`OPTIONS`; adding a
 flag is adding a row. A row's parser turns the text into its value or raises
 :class:`InvalidValue`; :func:`read_options` words that as one line naming the flag,
@@ -22,9 +22,11 @@ import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping, Optional
 
-from xlarun.devices import DEVICES
-from xlarun.exceptions import UsageError
-from xlarun.packages import RUNTIMES
+from xlarun.config import DEFAULT_C10D_PORT, DEFAULT_MASTER_PORT, NprocRequest, StreamSpec, parse_port, split_endpoint
+from xlarun.exceptions import InvalidValue, UsageError
+from xlarun.flags import flag
+from xlarun.host.devices import DEVICES
+from xlarun.planning.packages import RUNTIMES
 from xlarun.runtimes import COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
 
 TORCHRUN = "torchrun"
@@ -36,41 +38,6 @@ NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 NPROC_WORDS = ("auto", "cpu", "gpu")
 LOGS_SPECS = ("default",)
 CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "mpi")
-
-DEFAULT_MASTER_PORT = 29500
-DEFAULT_C10D_PORT = 29400
-"""The c10d endpoint's port when it names none, as torchrun's."""
-
-STDOUT = 1
-STDERR = 2
-
-
-class InvalidValue(ValueError):
-    """A parser's refusal; the optional text says why, beyond the row's ``allowed``."""
-
-
-@dataclass(frozen=True)
-class NprocRequest:
-    """``--nproc-per-node`` as given: a count, or one of :data:`NPROC_WORDS` resolved later."""
-
-    count: Optional[int] = None
-    word: Optional[str] = None
-
-    def __str__(self) -> str:
-        return str(self.count) if self.word is None else self.word
-
-
-@dataclass(frozen=True)
-class StreamSpec:
-    """Which of a worker's streams (``STDOUT | STDERR`` bits) a redirect or tee applies to."""
-
-    default: int = 0
-    per_rank: Optional[Mapping[int, int]] = None
-
-    def for_rank(self, local_rank: int) -> int:
-        if self.per_rank is not None:
-            return self.per_rank.get(local_rank, 0)
-        return self.default
 
 
 def _integer(text: str) -> int:
@@ -111,13 +78,6 @@ def parse_positive_int(text: str) -> int:
     if number < 1:
         raise InvalidValue()
     return number
-
-
-def parse_port(text: str) -> int:
-    port = _integer(text)
-    if not 0 <= port <= 65535:
-        raise InvalidValue("out of range")
-    return port
 
 
 def parse_nonzero_port(text: str) -> int:
@@ -192,24 +152,6 @@ def parse_host(text: str) -> str:
     return text
 
 
-def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
-    """``host[:port]`` with IPv6 hosts in brackets, as torchrun's rendezvous parses it."""
-    endpoint = endpoint.strip()
-    if not endpoint:
-        raise InvalidValue("empty endpoint")
-    if endpoint.startswith("["):
-        host, bracket, rest = endpoint[1:].partition("]")
-        if not bracket or (rest and not rest.startswith(":")):
-            raise InvalidValue("an IPv6 host needs the form [addr]:port")
-        port_text = rest[1:]
-    else:
-        host, _, port_text = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
-    if not host:
-        raise InvalidValue("no host")
-    port = parse_port(port_text) if port_text else default_port
-    return host, port
-
-
 def parse_endpoint(text: str) -> str:
     """The endpoint as given once it parses; the rendezvous splits it with its own default port."""
     if text:
@@ -279,7 +221,7 @@ class Option:
 
     @property
     def display_name(self) -> str:
-        return "--" + self.dest.replace("_", "-")
+        return flag(self.dest)
 
     @property
     def environment_variable(self) -> Optional[str]:
@@ -402,11 +344,6 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 OPTIONS_BY_DEST: Mapping[str, Option] = {option.dest: option for option in OPTIONS}
-
-
-def flag(dest: str) -> str:
-    """How messages name an option: its long spelling with dashes (``--nproc-per-node``)."""
-    return OPTIONS_BY_DEST[dest].display_name
 
 
 class OptionValues(Mapping[str, Any]):

@@ -16,10 +16,11 @@ from typing import Callable, NamedTuple, Optional, Sequence
 import click
 
 from xlarun import __version__
-from xlarun.devices import HOST_ROOT_VARIABLE
+from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.options import OPTIONS, OPTIONS_BY_DEST, XLARUN, Option, flag
-from xlarun.plan import LAUNCHED_MARKER
+from xlarun.flags import flag
+from xlarun.host.devices import HOST_ROOT_VARIABLE
+from xlarun.planning.environment import LAUNCHED_MARKER
 
 HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"
@@ -197,7 +198,7 @@ def parse_command_line(args: Sequence[str]) -> Optional[CommandLine]:
 
 def main(argv: Optional[Sequence[str]] = None) -> None:
     """Console entry point: exits with the run's code (see the README's exit code table)."""
-    from xlarun.launch import launch_from_command_line
+    from xlarun.cli.launch import launch_from_command_line
 
     args = list(sys.argv[1:] if argv is None else argv)
     try:

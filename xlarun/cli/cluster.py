@@ -60,10 +60,9 @@ import re
 from dataclasses import dataclass
 from typing import Callable, Mapping, Sequence
 
+from xlarun.cli.hostlist import first_host
 from xlarun.exceptions import UsageError
-from xlarun.hostlist import first_host
-from xlarun.options import flag
-
+from xlarun.flags import flag
 
 # Slurm master ports: 15000-24999, in blocks of 4 so that ports a launcher derives
 # as MASTER_PORT+1..+3 stay inside the step's own block. The range stays clear of

@@ -1,0 +1,126 @@
+"""The rules between flags: parsed options turned into one validated :class:`LaunchConfig`.
+
+:mod:`xlarun.cli.options` parses each flag on its own; :func:`build_config` applies the rules
+that tie several flags together (standalone with a node count, a node rank within the node
+count, ...), each worded once, in terms of the flags.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Callable, Mapping, Optional
+
+from xlarun.cli.options import OptionValues
+from xlarun.config import TORCH_FALSE_WORDS, TORCH_TRUE_WORDS, LaunchConfig, WorkerCommand
+from xlarun.exceptions import UsageError
+from xlarun.flags import flag
+
+
+def _is_integer(text: str) -> bool:
+    try:
+        int(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_positive_integer(text: str) -> bool:
+    return _is_integer(text) and int(text) > 0
+
+
+def _is_torch_bool(text: str) -> bool:
+    return text.lower() in TORCH_TRUE_WORDS + TORCH_FALSE_WORDS
+
+
+_SECONDS = (_is_positive_integer, "a positive whole number of seconds")
+RDZV_CONF_READ: Mapping[str, Mapping[str, tuple[Callable[[str], bool], str]]] = {
+    "static": {"timeout": (_is_integer, "a whole number of seconds")},
+    "c10d": {
+        "join_timeout": _SECONDS,
+        "last_call_timeout": _SECONDS,
+        "close_timeout": _SECONDS,
+        "heartbeat_timeout": _SECONDS,
+        "read_timeout": _SECONDS,
+        "keep_alive_interval": (_is_integer, "a whole number of seconds"),
+        "keep_alive_max_attempt": (_is_integer, "a whole number"),
+        "is_host": (_is_torch_bool, "true or false"),
+    },
+}
+"""The rendezvous options torchrun 2.9 reads per backend, with what it accepts: static's handler
+reads only ``timeout`` (``int()``), c10d's handler and store only the keys listed. A key the
+chosen backend does not read is ignored, however it is spelt, as torchrun ignores it (xlarun's
+own ``token`` and, under static with several nodes, ``join_timeout``, ``heartbeat_timeout`` and
+``close_timeout`` are checked where the rendezvous reads them)."""
+
+
+# Fields whose value is the option's parsed value, unchanged.
+_TAKEN_AS_PARSED = ("rdzv_conf", "max_restarts", "local_addr", "log_dir", "redirects", "tee", "local_ranks_filter",
+                    "kill_timeout", "summary_file", "dry_run", "allow_busy_device")
+
+
+def require_script(script: Optional[str]) -> str:
+    if not script:
+        raise UsageError("the following arguments are required: training_script (the script or command to run)")
+    return script
+
+
+def check_rdzv_conf(backend: str, conf: Mapping[str, str]) -> None:
+    """Refuse a value the chosen backend would refuse, as torchrun would; other keys pass unread."""
+    for key, (accepts, expected) in RDZV_CONF_READ[backend].items():
+        if key in conf and not accepts(conf[key]):
+            raise UsageError(f"{flag('rdzv_conf')} {key}={conf[key]!r} is invalid: the {backend} rendezvous "
+                             f"reads it as {expected}")
+
+
+def build_config(values: OptionValues, script: str, script_args: tuple[str, ...],
+                 environ: Mapping[str, str], python: str, nproc_per_node: int) -> LaunchConfig:
+    """Check the rules between flags and build the launch configuration (``script`` as
+    :func:`require_script` let it through)."""
+    module, no_python, run_path = values["module"], values["no_python"], values["run_path"]
+    if module and no_python:
+        raise UsageError(f"Don't use both the '{flag('no_python')}' flag and the '{flag('module')}' flag "
+                         "at the same time.")
+    if run_path and (module or no_python):
+        raise UsageError(f"{flag('run_path')} runs a Python file: it cannot be combined with {flag('module')} "
+                         f"or {flag('no_python')}")
+    command = WorkerCommand(script=script, args=script_args, module=module, no_python=no_python,
+                            run_path=run_path, python=environ.get("PYTHON_EXEC") or python)
+
+    min_nodes, max_nodes = values["nnodes"]
+    standalone = values["standalone"]
+    rdzv_backend, rdzv_endpoint, rdzv_id = (values["rdzv_backend"], values["rdzv_endpoint"],
+                                            values.given_or_default("rdzv_id"))
+    if standalone:
+        if max_nodes > 1:
+            raise UsageError(f"{flag('standalone')} runs a single node, but {flag('nnodes')}={values.raw('nnodes')}: "
+                             "drop one of them")
+        rdzv_backend, rdzv_endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    if rdzv_backend in ("etcd", "etcd-v2"):
+        raise UsageError(f"{flag('rdzv_backend')}={rdzv_backend} is not supported by xlarun: use static or c10d")
+    check_rdzv_conf(rdzv_backend, values["rdzv_conf"])
+    node_rank = values["node_rank"]
+    if rdzv_backend == "static":
+        if node_rank >= max_nodes:
+            raise UsageError(f"{flag('node_rank')}={node_rank} is out of range: with "
+                             f"{flag('nnodes')}={values.raw('nnodes')} "
+                             f"it must be 0..{max_nodes - 1}")
+        if min_nodes != max_nodes:
+            raise UsageError(f"{flag('nnodes')}={values.raw('nnodes')}: a range needs {flag('rdzv_backend')}=c10d; "
+                             "static rendezvous takes a fixed node count")
+
+    return LaunchConfig(
+        command=command,
+        nproc_per_node=nproc_per_node,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        node_rank=node_rank,
+        master_addr=values.given_or_default("master_addr"),
+        master_port=values["master_port"],
+        rdzv_backend=rdzv_backend,
+        rdzv_endpoint=rdzv_endpoint,
+        rdzv_id=rdzv_id,
+        standalone=standalone,
+        role=values.given_or_default("role"),
+        log_line_prefix_template=environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+        **{name: values[name] for name in _TAKEN_AS_PARSED},
+    )

@@ -1,0 +1,13 @@
+"""How the launcher's messages spell a flag, for the layers below the command line.
+
+A message about a value names the flag that set it (``--nproc-per-node``); the option
+table (:mod:`xlarun.cli.options`) owns the flags, and every layer that words a message
+imports only this leaf, so none of them loads the table. ``flag(dest)`` is the long
+spelling with dashes of the option whose argparse ``dest`` is ``dest``; a unit test checks
+that every ``flag('…')`` in the package names a row of the table.
+"""
+
+
+def flag(dest: str) -> str:
+    """``flag("nproc_per_node")`` is ``"--nproc-per-node"``."""
+    return "--" + dest.replace("_", "-")

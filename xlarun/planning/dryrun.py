@@ -1,0 +1,181 @@
+"""The dry run: this node's whole plan as one JSON document, and the stand-ins it plans with.
+
+A dry run meets no other node and starts nothing, so what only a real rendezvous or start
+decides (a c10d node rank, a port the kernel picks, ``--standalone``'s run id) gets a
+stand-in value, and a second stand-in shows which values would differ: those read
+:data:`DECIDED_AT_RENDEZVOUS`. Both the real run and the dry run classify the launch by
+:attr:`LaunchConfig.topology <xlarun.config.LaunchConfig.topology>`.
+
+Usage::
+
+    document = plan_document(config, device, environ, notices=notices)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass
+from operator import attrgetter
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+from xlarun.config import DEFAULT_MASTER_PORT, LaunchConfig, Topology
+from xlarun.host.holders import busy_device_holders
+from xlarun.host.ports import host_port
+from xlarun.planning.device import DevicePlan
+from xlarun.planning.environment import worker_variables
+from xlarun.ranks import NodeAssignment
+
+DECIDED_AT_RENDEZVOUS = "<decided at rendezvous>"
+"""What a dry run shows in place of a value only a real rendezvous decides."""
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """This node as a dry run knows it, without meeting any other node.
+
+    ``node`` is the assignment the plan shows. Where the real run's rendezvous decides a
+    value (a c10d node rank, a port the kernel picks), ``node`` holds a stand-in and
+    ``alternative`` another stand-in: every value that differs between the two is decided
+    at rendezvous, and the plan marks it so instead of showing a guess. ``endpoint`` is where
+    the node meets the others (``""`` where it meets none); ``assumed`` says what the plan
+    takes for granted about the other nodes.
+    """
+
+    node: NodeAssignment
+    alternative: Optional[NodeAssignment] = None
+    endpoint: str = ""
+    assumed: tuple[str, ...] = ()
+
+
+def stand_in_ports(device: DevicePlan) -> tuple[int, int]:
+    """Two master ports to plan with where the launcher picks the real one: never the coordinator
+    port given, which a master port must differ from."""
+    override = device.xla.coordinator_port if device.xla is not None else None
+    first, second = [port for port in range(DEFAULT_MASTER_PORT, DEFAULT_MASTER_PORT + 3) if port != override][:2]
+    return first, second
+
+
+def probe_node(config: LaunchConfig, device: DevicePlan) -> NodeAssignment:
+    """This node as the flags place it, for checking the device plan before any rendezvous.
+
+    A master port the launcher has yet to pick (``--standalone``, and c10d's, which node rank
+    0's agent picks at the rendezvous) is planned as a stand-in: the device rules only need
+    some port to derive the coordinator's from.
+    """
+    topology = config.topology
+    if topology in (Topology.STANDALONE, Topology.C10D):
+        master_port = stand_in_ports(device)[0]
+    else:
+        master_port = config.store_address()[1] if topology is Topology.STATIC else config.master_port
+    return NodeAssignment.single_node(config.rdzv_id, config.nproc_per_node, config.master_addr, master_port,
+                                      node_rank=min(config.node_rank, config.max_nodes - 1),
+                                      nnodes=config.max_nodes)
+
+
+def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:
+    """This node as the rendezvous of its topology would place it, for a dry run.
+
+    A dry run meets no other node, so what only a real rendezvous decides gets a stand-in
+    value, and :attr:`NodePlan.alternative` another one, which the plan marks wherever it
+    shows: c10d's node ranks, world size and workers' store (node rank 0's agent serves it on
+    a port the kernel picks), and the free port and fresh run id ``--standalone`` takes at start.
+    """
+    nproc = config.nproc_per_node
+    port, other_port = stand_in_ports(device)
+    topology = config.topology
+    if topology is Topology.STANDALONE:
+        node = NodeAssignment.single_node(config.rdzv_id, nproc, "localhost", port)
+        return NodePlan(node, dataclasses.replace(node, master_port=other_port, run_id=f"{node.run_id}-other"))
+    if topology is Topology.LONE_NODE:
+        return NodePlan(NodeAssignment.single_node(config.rdzv_id, nproc, config.master_addr, config.master_port))
+    if topology is Topology.STATIC:
+        # Node 0's agent serves the job's store, at the endpoint when one is given; the workers'
+        # first attempt uses it as torchrun's agent store.
+        host, store_port = config.store_address()
+        node = NodeAssignment.single_node(config.rdzv_id, nproc, host, store_port, node_rank=config.node_rank,
+                                          nnodes=config.max_nodes)
+        return NodePlan(dataclasses.replace(node, agent_store=True), endpoint=host_port(host, store_port),
+                        assumed=(f"ranks and world size assume every node runs as many workers as this one "
+                                 f"({nproc}); the rendezvous adds up the nodes' real counts",))
+    host, store_port = config.store_address()
+    node = NodeAssignment(run_id=config.rdzv_id, node_rank=0, nnodes=config.min_nodes, local_world_size=nproc,
+                          rank_offset=0, world_size=config.min_nodes * nproc, master_addr=host, master_port=port,
+                          agent_store=True)
+    other = dataclasses.replace(node, master_addr=f"{host}-other", master_port=other_port)
+    if config.max_nodes > 1:
+        other = dataclasses.replace(other, node_rank=1, rank_offset=nproc, world_size=node.world_size + 1,
+                                    nnodes=node.nnodes + (config.min_nodes != config.max_nodes))
+    return NodePlan(node, other, endpoint=host_port(host, store_port))
+
+
+def plan_document(config: LaunchConfig, device: DevicePlan, environ: Mapping[str, str],
+                  notices: Sequence[str] = ()) -> dict[str, Any]:
+    """The dry run's JSON for this node (:func:`dry_run_document`), with who holds the device files now."""
+    log_dir = config.log_dir or "<log_dir>"
+
+    def error_file_for(run_id: str, local_rank: int) -> str:
+        return os.path.join(log_dir, f"{run_id}_<random>", "attempt_0", str(local_rank), "error.json")
+
+    document = dry_run_document(config, plan_node(config, device), device, environ, error_file_for, notices)
+    document["device_holders"] = [holder.as_dict() for holder in busy_device_holders(device.device, environ)]
+    return document
+
+
+def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan, environ: Mapping[str, str],
+                     error_file_for: Callable[[str, int], str], notices: Sequence[str] = ()) -> dict[str, Any]:
+    """The dry run's JSON: the whole plan for this node, nothing started.
+
+    Values decided at rendezvous read :data:`DECIDED_AT_RENDEZVOUS`, and
+    ``decided_at_rendezvous`` names them (plan keys and worker variables). ``notices`` are
+    the lines the real run prints before starting; ``assumed`` says what the plan took for
+    granted about a machine it cannot see. ``env_bytes`` is the size of the largest worker's
+    added environment (``KEY=value`` strings with their terminators, as ``exec`` counts
+    them): it stays the same at any world size but for the digits of ranks and sizes.
+    """
+    node, other = planned.node, planned.alternative or planned.node
+
+    def variables(assignment: NodeAssignment, local_rank: int) -> dict[str, str]:
+        return worker_variables(config, assignment, local_rank, device, environ,
+                                error_file_for(assignment.run_id, local_rank))
+
+    envs = [variables(node, local_rank) for local_rank in range(node.local_world_size)]
+    undecided_variables = sorted({name for local_rank, env in enumerate(envs)
+                                  for name, value in variables(other, local_rank).items() if env[name] != value})
+
+    def shown(value_of: Callable[[NodeAssignment], Any]) -> Any:
+        """The value the plan shows: the stand-in's, unless the rendezvous decides it."""
+        value = value_of(node)
+        return value if value_of(other) == value else DECIDED_AT_RENDEZVOUS
+
+    placement = {key: shown(attrgetter(key))
+                 for key in ("run_id", "node_rank", "world_size", "master_addr", "master_port")}
+    workers = [{"local_rank": local_rank,
+                "rank": shown(lambda assignment: assignment.global_rank(local_rank)),
+                "argv": config.command.argv(local_rank),
+                "env": {name: DECIDED_AT_RENDEZVOUS if name in undecided_variables else value
+                        for name, value in env.items()}}
+               for local_rank, env in enumerate(envs)]
+    return {
+        "run_id": placement["run_id"],
+        "device": device.device,
+        "runtime": device.runtime,
+        "node_rank": placement["node_rank"],
+        "nnodes": [config.min_nodes, config.max_nodes],
+        "nproc_per_node": node.local_world_size,
+        "world_size": placement["world_size"],
+        "master_addr": placement["master_addr"],
+        "master_port": placement["master_port"],
+        "rdzv_backend": config.rdzv_backend,
+        "rdzv_endpoint": planned.endpoint,
+        "decided_at_rendezvous": [key for key, value in placement.items() if value == DECIDED_AT_RENDEZVOUS]
+                                 + undecided_variables,
+        "notices": list(notices),
+        "assumed": [*device.assumed, *planned.assumed],
+        "env_bytes": max(environment_bytes(env) for env in envs),
+        "workers": workers,
+    }
+
+
+def environment_bytes(variables: Mapping[str, str]) -> int:
+    return sum(len(key.encode()) + len(value.encode()) + 2 for key, value in variables.items())

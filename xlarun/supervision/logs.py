@@ -1,0 +1,76 @@
+"""The log plan: torchrun's directory layout and which stream goes where, per worker.
+
+Layout (as torchrun)::
+
+    <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout.log, stderr.log, error.json}
+
+A stream is *redirected* to its file, *tee'd* to the file and to the launcher's console
+with a ``[{role}{local_rank}]:`` prefix, or left to the console; :mod:`xlarun.supervision.relay`
+carries out the plan.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from string import Template
+from typing import Optional
+
+from xlarun.config import STDERR, STDOUT, LaunchConfig
+from xlarun.exceptions import UsageError
+from xlarun.flags import flag
+from xlarun.supervision.relay import StreamPlan, WorkerLogPlan
+
+
+def make_run_log_dir(base: Optional[str], run_id: str) -> str:
+    """The run's directory: ``<base>/<run_id>_<random>``, ``base`` a fresh temp dir when not given."""
+    try:
+        if base is None:
+            base = tempfile.mkdtemp(prefix="xlarun_")
+        elif os.path.isfile(base):
+            raise UsageError(f"{flag('log_dir')} {base} is a file: give a directory (it is created when missing)")
+        os.makedirs(base, exist_ok=True)
+        return tempfile.mkdtemp(prefix=f"{run_id}_", dir=base)
+    except OSError as error:
+        raise UsageError(f"{flag('log_dir')} {base} cannot hold the logs ({error.strerror}): "
+                         "give a writable directory") from None
+
+
+def line_prefix(config: LaunchConfig, rank: int, local_rank: int) -> bytes:
+    if config.log_line_prefix_template:
+        text = Template(config.log_line_prefix_template).safe_substitute(
+            role_name=config.role, rank=rank, local_rank=local_rank)
+    else:
+        text = f"[{config.role}{local_rank}]:"
+    return text.encode()
+
+
+def plan_worker_logs(config: LaunchConfig, run_dir: str, attempt: int, local_rank: int, rank: int,
+                     ) -> WorkerLogPlan:
+    """torchrun's stream rules for one worker; creates its attempt directory."""
+    directory = os.path.join(run_dir, f"attempt_{attempt}", str(local_rank))
+    shutil.rmtree(directory, ignore_errors=True)
+    os.makedirs(directory)
+    shown = config.local_ranks_filter is None or local_rank in config.local_ranks_filter
+    redirects = config.redirects.for_rank(local_rank)
+    tee = config.tee.for_rank(local_rank)
+    prefix = line_prefix(config, rank, local_rank)
+
+    def stream(bit: int, name: str, console_fd: int) -> StreamPlan:
+        to_file = bool((redirects | tee) & bit)
+        file = os.path.join(directory, f"{name}.log") if to_file else None
+        if tee & bit:
+            return StreamPlan(file=file, console_fd=console_fd if shown else None, prefix=prefix, relay=True)
+        if file is not None:
+            return StreamPlan(file=file)
+        if bit == STDERR:
+            return StreamPlan(console_fd=console_fd if shown else None, relay=True)
+        return StreamPlan(console_fd=console_fd if shown else None)
+
+    return WorkerLogPlan(
+        directory=directory,
+        error_file=os.path.join(directory, "error.json"),
+        stdout=stream(STDOUT, "stdout", 1),
+        stderr=stream(STDERR, "stderr", 2),
+    )

@@ -1,0 +1,118 @@
+"""A worker's process as the event loop drives it, and the factory that starts a real one.
+
+Every worker starts in a session of its own, so it leads a process group that also holds
+its children, and teardown signals the group. :class:`PosixProcess` is the real factory;
+unit tests pass stand-ins that follow :class:`WorkerProcess`.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+from typing import IO, Callable, Optional, Protocol
+
+from xlarun.host.procfs import stat_fields
+from xlarun.supervision.relay import WorkerLogPlan
+
+
+@dataclass(frozen=True)
+class WorkerSpec:
+    local_rank: int
+    rank: int
+    argv: list[str]
+    env: dict[str, str]
+    logs: WorkerLogPlan
+    cwd: Optional[str] = None
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live processes of a process group (found in /proc), zombies excluded."""
+    members = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            _, fields = stat_fields(f"/proc/{name}/stat")
+        except OSError:
+            continue
+        if int(fields[5]) == pgid and fields[3] not in (b"Z", b"X"):
+            members.append(int(name))
+    return members
+
+
+def signal_group(pgid: int, number: int) -> bool:
+    """Send ``number`` to a process group; False when the group is empty."""
+    try:
+        os.killpg(pgid, number)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # members this launcher may not signal (they changed user): the group is not empty
+    return True
+
+
+StreamTarget = Optional[int]
+"""What a worker's stream is connected to, as :class:`subprocess.Popen` takes it: ``PIPE``,
+``DEVNULL``, an open file descriptor, or None for the launcher's own."""
+
+
+class WorkerProcess(Protocol):
+    """A started worker as the event loop drives it. It leads a process group of its own, with
+    the group id equal to its pid, so teardown reaches whatever it started."""
+
+    pid: int
+    stdout: Optional[IO[bytes]]
+    stderr: Optional[IO[bytes]]
+
+    def open_pidfd(self) -> int:
+        """A descriptor that becomes readable once the process has exited; the caller closes it."""
+
+    def reap(self) -> int:
+        """The exit, once :meth:`open_pidfd` said it happened: the code, or minus the signal."""
+
+    def signal_group(self, number: int) -> bool:
+        """Send ``number`` to the process group; False when nothing is left in it."""
+
+    def open_straggler_pidfds(self) -> list[int]:
+        """One :meth:`open_pidfd`-like descriptor per process still in the group after its leader ended."""
+
+
+ProcessFactory = Callable[[WorkerSpec, StreamTarget, StreamTarget], WorkerProcess]
+"""Starts one worker with its stdout and stderr connected as given; raises OSError when it cannot."""
+
+
+class PosixProcess:
+    """A real worker: a new session (so a new process group) running the spec's argv."""
+
+    def __init__(self, spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget):
+        popen = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=stdout, stderr=stderr,
+                                 start_new_session=True, close_fds=True)
+        # Popen must not reap or warn about a child whose status the event loop collects.
+        popen.returncode = 0
+        self.pid: int = popen.pid
+        self.stdout: Optional[IO[bytes]] = popen.stdout
+        self.stderr: Optional[IO[bytes]] = popen.stderr
+
+    def open_pidfd(self) -> int:
+        return os.pidfd_open(self.pid)
+
+    def reap(self) -> int:
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+    def signal_group(self, number: int) -> bool:
+        return signal_group(self.pid, number)
+
+    def open_straggler_pidfds(self) -> list[int]:
+        try:
+            os.killpg(self.pid, 0)
+        except OSError:
+            return []  # the group is empty: no need to look through /proc
+        pidfds = []
+        for pid in group_members(self.pid):
+            try:
+                pidfds.append(os.pidfd_open(pid))
+            except OSError:
+                continue  # it ended meanwhile
+        return pidfds

@@ -1,0 +1,65 @@
+"""The launcher's signals, turned into bytes on a pipe that an event loop reads.
+
+Usage::
+
+    with SignalInbox() as inbox:
+        selector.register(inbox.fd, selectors.EVENT_READ)
+        ...
+        numbers = inbox.drain()
+
+:data:`STOP_SIGNALS` end a run (the workers are torn down); :data:`RELAYED_SIGNALS` are passed
+to every worker and the run goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Iterable
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+RELAYED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+class SignalInbox:
+    """Turns the launcher's signals into bytes on a pipe that the event loop reads.
+
+    The handlers do nothing themselves (no exceptions raised inside a handler): the
+    interpreter's wakeup fd carries each signal number to the loop.
+    """
+
+    def __init__(self, signals: Iterable[int] = STOP_SIGNALS + RELAYED_SIGNALS):
+        self._signals = tuple(signals)
+        self._previous: dict[int, object] = {}
+        self.fd = -1
+        self._write_fd = -1
+        self._previous_wakeup = -1
+
+    def __enter__(self) -> "SignalInbox":
+        self.fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._previous_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        for number in self._signals:
+            self._previous[number] = signal.signal(number, _ignore_in_handler)
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        for number, handler in self._previous.items():
+            signal.signal(number, handler)  # type: ignore[arg-type]
+        signal.set_wakeup_fd(self._previous_wakeup)
+        os.close(self.fd)
+        os.close(self._write_fd)
+
+    def drain(self) -> list[int]:
+        received: list[int] = []
+        while True:
+            try:
+                data = os.read(self.fd, 512)
+            except BlockingIOError:
+                return received
+            if not data:
+                return received
+            received.extend(number for number in data if number in self._signals)
+
+
+def _ignore_in_handler(signum: int, frame: object) -> None:
+    """The wakeup fd already told the loop; nothing else happens inside the handler."""
