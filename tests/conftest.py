@@ -32,8 +32,9 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple
 
 import psutil
 import pytest
@@ -66,7 +67,7 @@ CONTRACT_VARIABLES = (
 LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_", "XLARUN_", "PJRT_", "XRT_", "SLURM_", "OMPI_", "PMI_", "TPU_")
 
 
-_launcher_tmpdir: Optional[Path] = None
+_launcher_tmpdir: Path | None = None
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -82,7 +83,7 @@ class Run(NamedTuple):
     stderr: str
 
 
-def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
+def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {name: value for name, value in os.environ.items()
            if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)}
     # The launcher tests see a host without accelerators wherever they run (device detection
@@ -95,20 +96,20 @@ def clean_env(extra: Optional[Mapping[str, str]] = None) -> dict[str, str]:
     return env
 
 
-def run_command(command: Sequence[str], *, env: Optional[Mapping[str, str]] = None,
-                cwd: Optional[os.PathLike | str] = None, timeout: float = RUN_TIMEOUT_S) -> Run:
+def run_command(command: Sequence[str], *, env: Mapping[str, str] | None = None,
+                cwd: os.PathLike | str | None = None, timeout: float = RUN_TIMEOUT_S) -> Run:
     completed = subprocess.run(list(command), env=clean_env(env), cwd=cwd, capture_output=True, text=True,
                                stdin=subprocess.DEVNULL, timeout=timeout)
     return Run(completed.returncode, completed.stdout, completed.stderr)
 
 
-def run_xlarun(*args: object, env: Optional[Mapping[str, str]] = None, cwd: Optional[os.PathLike | str] = None,
+def run_xlarun(*args: object, env: Mapping[str, str] | None = None, cwd: os.PathLike | str | None = None,
                timeout: float = RUN_TIMEOUT_S) -> Run:
     """Run xlarun to completion; ``env`` adds to a clean environment."""
     return run_command([*XLARUN, *map(str, args)], env=env, cwd=cwd, timeout=timeout)
 
 
-def plan(*args: object, env: Optional[Mapping[str, str]] = None) -> dict[str, Any]:
+def plan(*args: object, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """The plan ``xlarun --dry-run ARGS`` prints, parsed; a refusal fails the test with xlarun's stderr.
 
     ``args`` are the flags and the script with its arguments (any value, passed as ``str``);
@@ -119,13 +120,13 @@ def plan(*args: object, env: Optional[Mapping[str, str]] = None) -> dict[str, An
     return json.loads(result.stdout)
 
 
-def run_torchrun(*args: object, env: Optional[Mapping[str, str]] = None, cwd: Optional[os.PathLike | str] = None,
+def run_torchrun(*args: object, env: Mapping[str, str] | None = None, cwd: os.PathLike | str | None = None,
                  timeout: float = RUN_TIMEOUT_S) -> Run:
     return run_command([*TORCHRUN, *map(str, args)], env=env, cwd=cwd, timeout=timeout)
 
 
-def start_xlarun(*args: object, env: Optional[Mapping[str, str]] = None,
-                 cwd: Optional[os.PathLike | str] = None) -> subprocess.Popen:
+def start_xlarun(*args: object, env: Mapping[str, str] | None = None,
+                 cwd: os.PathLike | str | None = None) -> subprocess.Popen:
     """Start xlarun in the background (its output captured as text); the caller waits for it."""
     return subprocess.Popen([*XLARUN, *map(str, args)], env=clean_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

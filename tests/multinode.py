@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import json
 import subprocess
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Optional, Sequence
+from typing import Any
 
 import psutil
 import pytest
-
 from conftest import Run, finish, kill_all, start_xlarun, wait_for
 
 HOST = "127.0.0.1"
@@ -41,12 +41,12 @@ class Nodes:
         self.out_dir = out_dir
         self.processes: list[subprocess.Popen] = []
 
-    def start(self, *args: object, env: Optional[dict[str, str]] = None) -> subprocess.Popen:
+    def start(self, *args: object, env: dict[str, str] | None = None) -> subprocess.Popen:
         process = start_xlarun(*args, env=env)
         self.processes.append(process)
         return process
 
-    def finish_all(self, processes: Optional[Sequence[subprocess.Popen]] = None) -> list[Run]:
+    def finish_all(self, processes: Sequence[subprocess.Popen] | None = None) -> list[Run]:
         return [finish(process) for process in (self.processes if processes is None else processes)]
 
     def records(self) -> list[dict[str, Any]]:

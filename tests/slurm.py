@@ -22,8 +22,9 @@ import fcntl
 import os
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import IO, Iterator, NoReturn
+from typing import IO, NoReturn
 
 import pytest
 

@@ -12,7 +12,6 @@ import socket
 from pathlib import Path
 
 import pytest
-
 from conftest import launcher_frames, run_xlarun, worker
 
 # A few of the refusals ``test_options.py`` checks in-process, one per stage that can refuse:

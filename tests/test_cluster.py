@@ -12,10 +12,16 @@ from pathlib import Path
 
 import pytest
 
-from xlarun.cli.cluster import (SLURM_PORT_BASE, SLURM_PORT_BLOCK, SLURM_PORT_BLOCKS, ClusterSettings,
-                            detect_cluster, slurm_master_port)
-from xlarun.exceptions import UsageError
+from xlarun.cli.cluster import (
+    SLURM_PORT_BASE,
+    SLURM_PORT_BLOCK,
+    SLURM_PORT_BLOCKS,
+    ClusterSettings,
+    detect_cluster,
+    slurm_master_port,
+)
 from xlarun.cli.options import CLUSTER_KINDS
+from xlarun.exceptions import UsageError
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cluster"
 REPOSITORY = Path(__file__).resolve().parent.parent

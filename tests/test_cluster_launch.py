@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any
 
 import pytest
-
 from conftest import REPO, plan, run_xlarun
+
 from xlarun.cli.cluster import slurm_master_port
 
 FIXTURES = Path(__file__).parent / "fixtures" / "cluster"
@@ -24,7 +24,7 @@ def cluster_env(name: str) -> dict[str, str]:
     return json.loads((FIXTURES / f"{name}.json").read_text())["environ"]
 
 
-def node_plan(*flags: str, fixture: str, env: Optional[dict[str, str]] = None) -> dict[str, Any]:
+def node_plan(*flags: str, fixture: str, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The dry-run plan for ``xlarun FLAGS SCRIPT`` on the node ``fixture`` describes, ``env`` added."""
     return plan(*flags, SCRIPT, env={**cluster_env(fixture), **(env or {})})
 

@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port, run_xlarun, worker
 
 pytestmark = pytest.mark.torch_xla

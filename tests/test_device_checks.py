@@ -16,12 +16,12 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import REPO, TESTS, free_port, run_xlarun, worker
 from test_options import prepare, refusal
-from xlarun.planning import packages
+
 from xlarun import worker as worker_side
 from xlarun.exceptions import UsageError
+from xlarun.planning import packages
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import XlaOptions, neuron, xla_env
 from xlarun.runtimes.releases import NEWEST, SUPPORTED, xla_init_break

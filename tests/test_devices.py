@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from xlarun.host import devices
 from xlarun.exceptions import UsageError
+from xlarun.host import devices
 
 pytestmark = pytest.mark.unit
 

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from conftest import CONTRACT_VARIABLES, PYTHON, TESTS, finish, plan, run_xlarun, start_xlarun, worker
+
 from xlarun.planning.device import xla_has_cuda
 from xlarun.planning.packages import installed_version
 

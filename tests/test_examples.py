@@ -17,12 +17,11 @@ import math
 import re
 import shlex
 import subprocess
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import pytest
 import yaml
-
 from conftest import REPO, TESTS, logical_lines, run_xlarun
 
 pytestmark = pytest.mark.examples
@@ -258,7 +257,7 @@ def gke_pod_environ(slice_: Mapping, worker_id: int) -> dict[str, str]:
     accelerator = slice_["pod"]["nodeSelector"]["cloud.google.com/gke-tpu-accelerator"]
     assert accelerator in GKE_ACCELERATOR_TYPES, f"add {accelerator} to GKE_ACCELERATOR_TYPES"
     chip_bounds = HOST_CHIP_BOUNDS[slice_["chips_per_host"]]
-    host_bounds = [dim // chips for dim, chips in zip(slice_["dims"], chip_bounds)]
+    host_bounds = [dim // chips for dim, chips in zip(slice_["dims"], chip_bounds, strict=True)]
     return {**recorded_environ("gke_tpu_worker1"),
             "HOSTNAME": slice_["hostnames"][worker_id].split(".")[0],
             "TPU_WORKER_ID": str(worker_id), "TPU_WORKER_HOSTNAMES": ",".join(slice_["hostnames"]),

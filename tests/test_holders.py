@@ -11,15 +11,14 @@ import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Iterator, Mapping, Optional
 
 import pytest
-
 from conftest import TESTS, kill_all, launcher_frames, run_xlarun, worker
-from xlarun.host.holders import (Holder, busy_device_holders, describe_holder, device_files, find_holders,
-                            format_age)
+
 from xlarun.flags import flag
+from xlarun.host.holders import Holder, busy_device_holders, describe_holder, device_files, find_holders, format_age
 
 HOSTS_DIR = TESTS / "fixtures" / "hosts"
 
@@ -40,7 +39,7 @@ class Holders:
     def __init__(self) -> None:
         self.started: list[subprocess.Popen] = []
 
-    def hold(self, path: Path, *, run_id: Optional[str] = None, name: Optional[str] = None,
+    def hold(self, path: Path, *, run_id: str | None = None, name: str | None = None,
              new_session: bool = False) -> int:
         env = {key: value for key, value in os.environ.items() if key != "TORCHELASTIC_RUN_ID"}
         if run_id is not None:

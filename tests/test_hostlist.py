@@ -8,8 +8,8 @@ import subprocess
 
 import pytest
 
-from xlarun.exceptions import UsageError
 from xlarun.cli.hostlist import MAX_HOSTS_PER_RANGE, expand_hostlist, first_host
+from xlarun.exceptions import UsageError
 
 pytestmark = pytest.mark.unit
 

@@ -15,7 +15,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-
 from conftest import RUN_TIMEOUT_S, XLARUN, clean_env, run_torchrun, run_xlarun, worker
 
 WORKER_LINE = re.compile(r"r\d (out|err) \d+|last words|dying breath")

@@ -11,13 +11,13 @@ import os
 from pathlib import Path
 
 import pytest
-
 from conftest import CPU_HOST
+
 from xlarun.cli.command import parse_command_line, split_command_line
-from xlarun.exceptions import UsageError
 from xlarun.cli.launch import PreparedLaunch, prepare_launch
 from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, TORCHRUN, read_options
 from xlarun.config import NprocRequest
+from xlarun.exceptions import UsageError
 
 pytestmark = pytest.mark.unit
 

@@ -13,9 +13,20 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import (
+    XLARUN,
+    clean_env,
+    files_exist,
+    finish,
+    is_alive,
+    kill_all,
+    read_pid,
+    run_xlarun,
+    start_xlarun,
+    wait_for,
+    worker,
+)
 
-from conftest import (XLARUN, clean_env, files_exist, finish, is_alive, kill_all, read_pid, run_xlarun, start_xlarun,
-                      wait_for, worker)
 from xlarun.supervision.guard import GUARD_TITLE, OrphanGuard
 
 

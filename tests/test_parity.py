@@ -16,7 +16,6 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from conftest import CONTRACT_VARIABLES, PYTHON, WORKERS, free_port, run_torchrun, run_xlarun, worker
 
 # What xlarun adds for the XLA runtime (the device layer's job), absent under torchrun.

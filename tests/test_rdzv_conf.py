@@ -10,7 +10,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port, run_xlarun, worker
 from test_options import prepare, refusal
 

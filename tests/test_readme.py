@@ -18,7 +18,6 @@ import shlex
 from typing import NamedTuple
 
 import pytest
-
 from conftest import REPO, TESTS, logical_lines, run_xlarun
 
 README = REPO / "README.md"
@@ -130,8 +129,8 @@ def test_internal_links_lead_to_a_heading() -> None:
 
 def test_summary_file_schema_names_the_real_keys() -> None:
     from xlarun.failures import FailureRecord
-    from xlarun.supervision.report import RunSummary
     from xlarun.supervision.group import WorkerResult
+    from xlarun.supervision.report import RunSummary
 
     documented = section("Summary file")
     summary = RunSummary(run_id="job")

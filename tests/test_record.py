@@ -9,9 +9,9 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import PYTHON, clean_env, run_torchrun, worker
 
 import xlarun
-from conftest import PYTHON, clean_env, run_torchrun, worker
 
 
 def keys_of(value: object) -> object:

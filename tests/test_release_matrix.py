@@ -25,20 +25,28 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any
 
 import pytest
 import yaml
-
 from conftest import REPO, TESTS, clean_env
+
 from xlarun.exceptions import UsageError
 from xlarun.planning.packages import preflight
-from xlarun.runtimes.releases import NEURON_IMPORT_CONFIGURES, SUPPORTED, TPU_GENERATION_FIRST_RELEASE, \
-    XLA_INIT_BREAKS, Release, XlaInitBreak, xla_init_break
+from xlarun.runtimes.releases import (
+    NEURON_IMPORT_CONFIGURES,
+    SUPPORTED,
+    TPU_GENERATION_FIRST_RELEASE,
+    XLA_INIT_BREAKS,
+    Release,
+    XlaInitBreak,
+    xla_init_break,
+)
 
 pytestmark = pytest.mark.release_matrix
 
@@ -80,11 +88,11 @@ class Scenario:
     flags: tuple[str, ...]
     host: str
     local_rank: int
-    expect: Callable[[Release], dict[str, Optional[str]]]
+    expect: Callable[[Release], dict[str, str | None]]
     environ: dict[str, str] = field(default_factory=dict)
-    metadata: Optional[dict[str, str]] = None
+    metadata: dict[str, str] | None = None
     releases: tuple[Release, Release] = (SUPPORTED[0], SUPPORTED[-1])
-    processes_per_host: Optional[int] = None
+    processes_per_host: int | None = None
     """Where set, TPU process addresses to expect per host (one per local process)."""
     split_world: bool = False
     """CPU processes, each a world of one: :func:`xlarun.init_process_group` refuses before ``xla://``."""
@@ -143,7 +151,7 @@ def neuron_worker(rank: int, world: int, local_rank: int, local_world: int) -> C
                             "NEURON_PJRT_PROCESSES_NUM_DEVICES": ABSENT}
 
 
-def neuron_spmd(node_rank: Optional[int], num_devices: Optional[str]) -> Callable[[Release], dict]:
+def neuron_spmd(node_rank: int | None, num_devices: str | None) -> Callable[[Release], dict]:
     return lambda release: {"NEURON_RT_ROOT_COMM_ID": COORDINATOR, "NEURON_RT_VISIBLE_CORES": ABSENT,
                             "NEURON_PJRT_WORLD_SIZE": ABSENT,
                             "NEURON_PJRT_PROCESS_INDEX": None if node_rank is None else str(node_rank),
@@ -156,7 +164,7 @@ def tpu_chip(chip: int, bounds: str, task: int) -> Callable[[Release], dict]:
                             "CLOUD_TPU_TASK_ID": str(task), "PJRT_LOCAL_PROCESS_RANK": str(chip)}
 
 
-def tpu_one_chip_world(release: Release) -> dict[str, Optional[str]]:
+def tpu_one_chip_world(release: Release) -> dict[str, str | None]:
     """One process per host without SPMD: a world of one chip on every release, never the slice."""
     return {"TPU_VISIBLE_CHIPS": "0", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "1,1,1"}
 
@@ -256,7 +264,7 @@ def run_release(release: Release, work: Path) -> dict[str, Any]:
     (dist_info / f"torch_xla-{VERSIONS[release]}.dist-info").mkdir(parents=True, exist_ok=True)
     names = [name for name, scenario in SCENARIOS.items() if scenario.applies(release)]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        plans = dict(zip(names, pool.map(lambda name: dry_run(release, SCENARIOS[name], dist_info), names)))
+        plans = dict(zip(names, pool.map(lambda name: dry_run(release, SCENARIOS[name], dist_info), names), strict=True))
     runs: dict[str, Any] = {}
     for name in names:
         scenario, planned = SCENARIOS[name], plans[name]

@@ -8,7 +8,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from conftest import launcher_frames, read_pid, run_torchrun, run_xlarun, worker
 
 FIELDS = ("time", "host", "rank", "exitcode", "error_file", "traceback")

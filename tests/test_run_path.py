@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from conftest import free_port, run_xlarun, worker
 
 RUNS = 3

@@ -6,12 +6,11 @@ import re
 
 import pytest
 
-from xlarun.planning import packages
 from xlarun.exceptions import UsageError
 from xlarun.host.ports import host_port
+from xlarun.planning import packages
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import XlaOptions, apply_user_precedence, coordinator_port, xla_env
-from xlarun.runtimes import tpu
+from xlarun.runtimes import XlaOptions, apply_user_precedence, coordinator_port, tpu, xla_env
 from xlarun.runtimes.tpu import TpuTopology
 
 pytestmark = pytest.mark.unit

@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 import signal
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import pytest
-
 from conftest import files_exist, finish, is_alive, read_pid, run_xlarun, start_xlarun, wait_for, worker
 
 

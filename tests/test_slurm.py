@@ -11,12 +11,11 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 import psutil
 import pytest
-
 from conftest import REPO, Run, clean_env, kill_all
 
 pytestmark = pytest.mark.slurm

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 
 import pytest
-
 from test_worker import json_report, run_workers
 
 pytestmark = pytest.mark.torch_xla
@@ -23,7 +23,7 @@ def test_fsdpv2_trains_with_parameters_sharded_over_four_devices():
     assert report["devices"] == 4
     losses = report["losses"]
     assert len(losses) == 4
-    assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
+    assert all(later < earlier for earlier, later in itertools.pairwise(losses)), losses
 
     shardings = report["shardings"]
     assert shardings["_orig_module.0.weight"] == "{devices=[4,1]0,1,2,3}"

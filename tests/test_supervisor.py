@@ -11,7 +11,7 @@ import os
 import signal
 import subprocess
 from pathlib import Path
-from typing import IO, Optional
+from typing import IO
 
 import pytest
 
@@ -30,18 +30,18 @@ class FakeProcess:
     its group, or dies of any other signal but SIGUSR1, SIGUSR2 and those it ``ignores``."""
 
     def __init__(self, spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget, *,
-                 exit_code: Optional[int] = None, ignores: tuple[int, ...] = (), finishes_on: Optional[int] = None,
+                 exit_code: int | None = None, ignores: tuple[int, ...] = (), finishes_on: int | None = None,
                  stderr_text: bytes = b""):
         self.pid = next(_pids)
         self.spec = spec
         self.signals: list[int] = []
         self.ignores = ignores
         self.finishes_on = finishes_on
-        self.returncode: Optional[int] = None
+        self.returncode: int | None = None
         self._exit_read, self._exit_write = os.pipe()
-        self.stdout: Optional[IO[bytes]] = None
-        self.stderr: Optional[IO[bytes]] = None
-        self._stderr_write: Optional[int] = None
+        self.stdout: IO[bytes] | None = None
+        self.stderr: IO[bytes] | None = None
+        self._stderr_write: int | None = None
         if stderr == subprocess.PIPE:
             read, self._stderr_write = os.pipe()
             self.stderr = os.fdopen(read, "rb", buffering=0)
@@ -108,9 +108,9 @@ def spec(local_rank: int) -> WorkerSpec:
     return WorkerSpec(local_rank=local_rank, rank=local_rank, argv=["train.py"], env={}, logs=logs)
 
 
-def run_group(behaviour: dict[int, dict[str, object]], *, inbox: Optional[FakeInbox] = None,
+def run_group(behaviour: dict[int, dict[str, object]], *, inbox: FakeInbox | None = None,
               kill_timeout: float = 30.0, count: int = 2,
-              failures: Optional[list[WorkerResult]] = None) -> tuple[GroupOutcome, list[FakeProcess]]:
+              failures: list[WorkerResult] | None = None) -> tuple[GroupOutcome, list[FakeProcess]]:
     """Run ``count`` fake workers; ``behaviour[local_rank]`` holds FakeProcess's keyword arguments
     (or ``{"cannot_start": True}``)."""
     started: list[FakeProcess] = []

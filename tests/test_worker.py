@@ -10,12 +10,12 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Callable, Mapping, Sequence
 
 import pytest
-
 from conftest import free_port
+
 from xlarun.worker import RUNTIME_VIEW, TORCH_VIEW, describe_split, is_launched
 
 REPO = Path(__file__).resolve().parents[1]

@@ -7,12 +7,12 @@ chips. Device detection reads the fake host trees in ``tests/fixtures/hosts``.
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 from pathlib import Path
 
 import pytest
-
 from conftest import PYTHON, REPO, TESTS, plan, run_command, run_xlarun, worker
 
 XLA_ALLREDUCE = str(REPO / "examples" / "xla_allreduce.py")
@@ -100,7 +100,7 @@ def test_spmd_on_four_virtual_cpu_devices_trains_a_sharded_model(port: int) -> N
     assert report["devices"] == 4
     losses = report["losses"]
     assert len(losses) == 4
-    assert all(later < earlier for earlier, later in zip(losses, losses[1:])), losses
+    assert all(later < earlier for earlier, later in itertools.pairwise(losses)), losses
     assert report["shardings"]["_orig_module.0.weight"] == "{devices=[4,1]0,1,2,3}"
     assert all(spec.endswith("]0,1,2,3}") for spec in report["shardings"].values()), report["shardings"]
 
@@ -231,7 +231,7 @@ def test_added_environment_does_not_grow_with_the_world(name: str) -> None:
     world_digits = len("1048576") - len("64")
     node_digits = len("32768") - len("2")
 
-    for few, many in zip(small["workers"], huge["workers"]):
+    for few, many in zip(small["workers"], huge["workers"], strict=True):
         assert few["local_rank"] == many["local_rank"] and few["rank"] == many["rank"]
         assert set(few["env"]) == set(many["env"])
         differing = {variable for variable in few["env"] if few["env"][variable] != many["env"][variable]}

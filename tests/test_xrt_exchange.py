@@ -5,9 +5,9 @@ from __future__ import annotations
 import re
 
 import pytest
-
 from conftest import free_port
 from test_worker import json_report, run_workers
+
 from xlarun.worker import xrt
 
 BUILD_LISTS = """
@@ -87,7 +87,7 @@ def test_workers_of_a_restarted_attempt_use_the_launchers_store():
     port = free_port()
     # Served here, as the launcher's agent would: a worker that tried to serve
     # the port itself would fail to bind it.
-    agent_store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+    _agent_store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
     results = run_workers(["-c", BUILD_LISTS], nproc=2, master_port=port, agent_store=True,
                           restart_count=1,
                           env_for_rank=lambda rank: {"XRT_MULTI_PROCESSING_DEVICE": f"GPU:{rank}"})

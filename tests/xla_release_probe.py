@@ -33,8 +33,9 @@ import json
 import os
 import sys
 import types
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import requests
 import torch.distributed as dist

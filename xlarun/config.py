@@ -10,8 +10,8 @@ loading the option table.
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
 
 from xlarun.exceptions import InvalidValue
 
@@ -27,8 +27,8 @@ STDERR = 2
 class NprocRequest:
     """``--nproc-per-node`` as given: a count, or one of :data:`NPROC_WORDS` resolved later."""
 
-    count: Optional[int] = None
-    word: Optional[str] = None
+    count: int | None = None
+    word: str | None = None
 
     def __str__(self) -> str:
         return str(self.count) if self.word is None else self.word
@@ -39,7 +39,7 @@ class StreamSpec:
     """Which of a worker's streams (``STDOUT | STDERR`` bits) a redirect or tee applies to."""
 
     default: int = 0
-    per_rank: Optional[Mapping[int, int]] = None
+    per_rank: Mapping[int, int] | None = None
 
     def for_rank(self, local_rank: int) -> int:
         if self.per_rank is not None:
@@ -161,14 +161,14 @@ class LaunchConfig:
     standalone: bool = False
     max_restarts: int = 0
     role: str = "default"
-    local_addr: Optional[str] = None
-    log_dir: Optional[str] = None
+    local_addr: str | None = None
+    log_dir: str | None = None
     redirects: StreamSpec = StreamSpec()
     tee: StreamSpec = StreamSpec()
-    local_ranks_filter: Optional[frozenset[int]] = None
-    log_line_prefix_template: Optional[str] = None
+    local_ranks_filter: frozenset[int] | None = None
+    log_line_prefix_template: str | None = None
     kill_timeout: float = 30.0
-    summary_file: Optional[str] = None
+    summary_file: str | None = None
     dry_run: bool = False
     allow_busy_device: bool = False
 

@@ -23,8 +23,9 @@ import functools
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, TypeVar
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -51,7 +52,7 @@ def record(fn: F) -> F:
     return wrapper  # type: ignore[return-value]
 
 
-def write_error_file(error: BaseException, callstack: str, path: Optional[str] = None) -> None:
+def write_error_file(error: BaseException, callstack: str, path: str | None = None) -> None:
     path = path or os.environ.get(ERROR_FILE_VARIABLE)
     if not path:
         return
@@ -69,10 +70,10 @@ def write_error_file(error: BaseException, callstack: str, path: Optional[str] =
 class ErrorRecord:
     message: str
     traceback: str
-    timestamp: Optional[float]
+    timestamp: float | None
 
 
-def read_error_file(path: Optional[str]) -> Optional[ErrorRecord]:
+def read_error_file(path: str | None) -> ErrorRecord | None:
     """The worker's recorded error, or ``None`` when it left no readable error file."""
     if not path or not os.path.isfile(path):
         return None
@@ -97,7 +98,7 @@ def read_error_file(path: Optional[str]) -> Optional[ErrorRecord]:
     return ErrorRecord(message=text, traceback=str(extra.get("py_callstack", text)), timestamp=timestamp)
 
 
-def _mtime(path: str) -> Optional[float]:
+def _mtime(path: str) -> float | None:
     try:
         return os.path.getmtime(path)
     except OSError:

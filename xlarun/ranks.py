@@ -30,7 +30,7 @@ class NodeAssignment:
 
     @classmethod
     def single_node(cls, run_id: str, nproc: int, master_addr: str, master_port: int,
-                    node_rank: int = 0, nnodes: int = 1, restart_count: int = 0) -> "NodeAssignment":
+                    node_rank: int = 0, nnodes: int = 1, restart_count: int = 0) -> NodeAssignment:
         """Static assignment where every node runs ``nproc`` workers."""
         return cls(run_id=run_id, node_rank=node_rank, nnodes=nnodes, local_world_size=nproc,
                    rank_offset=node_rank * nproc, world_size=nnodes * nproc,

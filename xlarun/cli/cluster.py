@@ -57,8 +57,8 @@ complete, as with an explicit kind.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
 
 from xlarun.cli.hostlist import first_host
 from xlarun.exceptions import UsageError

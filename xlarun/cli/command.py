@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import Callable, NamedTuple, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
 
 import click
 
@@ -26,7 +27,7 @@ HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"
 
 
-def split_command_line(argv: Sequence[str]) -> tuple[list[str], Optional[str], list[str]]:
+def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
     """Split into (launcher options, script, script arguments), expanding option prefixes.
 
     The first token that is not an option or an option's value is the script; everything
@@ -154,8 +155,8 @@ the "result" field of {flag("summary_file")} tells them apart."""
 class CommandLine(NamedTuple):
     """What the command line says: option texts by dest (``"1"`` for a switch), script, its arguments."""
 
-    given: dict[str, Optional[str]]
-    script: Optional[str]
+    given: dict[str, str | None]
+    script: str | None
     script_args: tuple[str, ...]
 
 
@@ -165,10 +166,10 @@ def _build_command() -> click.Command:
     @click.argument("training_script", required=False)
     @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
     @click.pass_context
-    def command(ctx: click.Context, training_script: Optional[str], training_script_args: tuple[str, ...],
+    def command(ctx: click.Context, training_script: str | None, training_script_args: tuple[str, ...],
                 **values: str | bool | None) -> CommandLine:
         """What the command line gave, for the launch to read with the option table."""
-        given: dict[str, Optional[str]] = {
+        given: dict[str, str | None] = {
             name: ("1" if value is True else value if isinstance(value, str) else None)
             for name, value in values.items()
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
@@ -182,7 +183,7 @@ def _build_command() -> click.Command:
                                 help="Show xlarun's version and exit.")(built)
 
 
-def parse_command_line(args: Sequence[str]) -> Optional[CommandLine]:
+def parse_command_line(args: Sequence[str]) -> CommandLine | None:
     """Parse as torchrun's argparse would; None when ``--help`` or ``--version`` was answered instead.
 
     Raises :class:`UsageError` with one line for anything the parser refuses.
@@ -196,7 +197,7 @@ def parse_command_line(args: Sequence[str]) -> Optional[CommandLine]:
     return parsed if isinstance(parsed, CommandLine) else None
 
 
-def main(argv: Optional[Sequence[str]] = None) -> None:
+def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: exits with the run's code (see the README's exit code table)."""
     from xlarun.cli.launch import launch_from_command_line
 

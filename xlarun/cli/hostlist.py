@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import itertools
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator, List, Tuple, Union
 
 from xlarun.exceptions import UsageError
 
@@ -47,8 +47,8 @@ class _Range:
 
 
 # A name pattern is a sequence of literal text and bracket groups (tuples of ranges).
-_Part = Union[str, Tuple[_Range, ...]]
-_Pattern = Tuple[_Part, ...]
+_Part = str | tuple[_Range, ...]
+_Pattern = tuple[_Part, ...]
 
 
 def expand_hostlist(text: str) -> list[str]:
@@ -116,7 +116,7 @@ def _split_names(text: str) -> list[str]:
 
 def _parse_name(name: str) -> _Pattern:
     """Split one name pattern into literal text and bracket groups; brackets are known to balance."""
-    parts: List[_Part] = []
+    parts: list[_Part] = []
     position = 0
     while True:
         opening = name.find("[", position)

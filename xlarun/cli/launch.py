@@ -12,8 +12,8 @@ import json
 import os
 import shutil
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Mapping, Optional
 
 from xlarun.cli.options import read_options
 from xlarun.cli.rules import build_config, require_script
@@ -47,11 +47,11 @@ class PreparedLaunch:
     notices: tuple[str, ...]
     """Lines to print before the workers start (the user's variables kept over planned ones, ...);
     a dry run prints them too."""
-    split_world: Optional[str] = None
+    split_world: str | None = None
     """Why XLA collectives cannot join these CPU processes (:func:`cpu_split_world`), or None."""
 
 
-def prepare_launch(given: Mapping[str, Optional[str]], script: Optional[str], script_args: tuple[str, ...],
+def prepare_launch(given: Mapping[str, str | None], script: str | None, script_args: tuple[str, ...],
                    environ: Mapping[str, str]) -> PreparedLaunch:
     """Read the options, plan the device and the workers, and check the whole plan.
 
@@ -82,7 +82,7 @@ def prepare_launch(given: Mapping[str, Optional[str]], script: Optional[str], sc
     return PreparedLaunch(config, device, tuple(notices), split)
 
 
-def launch_from_command_line(given: Mapping[str, Optional[str]], script: Optional[str],
+def launch_from_command_line(given: Mapping[str, str | None], script: str | None,
                              script_args: tuple[str, ...], environ: Mapping[str, str]) -> int:
     """Run the launch the command line describes (or print its plan); returns the exit code."""
     # Workers get the environment as it was when the launcher started, whatever it sets for itself.
@@ -118,8 +118,8 @@ def explain_split_world_failure(agent: Agent, prepared: PreparedLaunch) -> None:
             f"to bind it: {split}")
 
 
-def apply_cluster(kind: str, given: Mapping[str, Optional[str]],
-                  environ: Mapping[str, str]) -> dict[str, Optional[str]]:
+def apply_cluster(kind: str, given: Mapping[str, str | None],
+                  environ: Mapping[str, str]) -> dict[str, str | None]:
     """Fill in what a scheduler (Slurm, Kubernetes, ...) says about the job; explicit flags win."""
     from xlarun.cli.cluster import detect_cluster
 

@@ -19,8 +19,9 @@ from __future__ import annotations
 import math
 import os
 import re
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator, Mapping, Optional
+from typing import Any
 
 from xlarun.config import DEFAULT_C10D_PORT, DEFAULT_MASTER_PORT, NprocRequest, StreamSpec, parse_port, split_endpoint
 from xlarun.exceptions import InvalidValue, UsageError
@@ -122,7 +123,7 @@ def parse_stream_spec(text: str) -> StreamSpec:
     raise InvalidValue()
 
 
-def parse_rank_set(text: str) -> Optional[frozenset[int]]:
+def parse_rank_set(text: str) -> frozenset[int] | None:
     if not text:
         return None
     ranks = frozenset(_integer(item) for item in text.split(","))
@@ -197,16 +198,16 @@ class Option:
 
     spellings: tuple[str, ...]
     help: str
-    parse: Optional[Callable[[str], Any]] = None
-    default: Optional[str] = None
+    parse: Callable[[str], Any] | None = None
+    default: str | None = None
     allowed: str = ""
     owner: str = TORCHRUN
-    variable: Optional[str] = None
+    variable: str | None = None
     """The environment variable that stands in for the flag when it is not given:
     ``PET_<NAME>`` for torchrun's flags, as torchrun reads them; named per row for xlarun's."""
     metavar: str = ""
     """How ``--help`` names the value (``N``, ``PATH``, ``static|c10d``); empty for a switch."""
-    shown_default: Optional[str] = None
+    shown_default: str | None = None
     """The default as ``--help`` words it where ``default`` alone says too little (empty, or a rule)."""
 
     @property
@@ -224,19 +225,19 @@ class Option:
         return flag(self.dest)
 
     @property
-    def environment_variable(self) -> Optional[str]:
+    def environment_variable(self) -> str | None:
         return "PET_" + self.dest.upper() if self.owner == TORCHRUN else self.variable
 
 
-def _torchrun(spellings: tuple[str, ...], help_text: str, parse: Optional[Callable[[str], Any]] = None,
-              default: Optional[str] = None, allowed: str = "", *, metavar: str = "",
-              shown_default: Optional[str] = None) -> Option:
+def _torchrun(spellings: tuple[str, ...], help_text: str, parse: Callable[[str], Any] | None = None,
+              default: str | None = None, allowed: str = "", *, metavar: str = "",
+              shown_default: str | None = None) -> Option:
     return Option(spellings, help_text, parse, default, allowed, metavar=metavar, shown_default=shown_default)
 
 
-def _xlarun(spellings: tuple[str, ...], help_text: str, parse: Optional[Callable[[str], Any]] = None,
-            default: Optional[str] = None, allowed: str = "", variable: Optional[str] = None, *, metavar: str = "",
-            shown_default: Optional[str] = None) -> Option:
+def _xlarun(spellings: tuple[str, ...], help_text: str, parse: Callable[[str], Any] | None = None,
+            default: str | None = None, allowed: str = "", variable: str | None = None, *, metavar: str = "",
+            shown_default: str | None = None) -> Option:
     return Option(spellings, help_text, parse, default, allowed, XLARUN, variable, metavar, shown_default)
 
 
@@ -353,7 +354,7 @@ class OptionValues(Mapping[str, Any]):
     ``source(dest)`` names where: the flag, or the flag and the variable that stood in.
     """
 
-    def __init__(self, values: dict[str, Any], raw: dict[str, Optional[str]], sources: dict[str, str]):
+    def __init__(self, values: dict[str, Any], raw: dict[str, str | None], sources: dict[str, str]):
         self._values, self._raw, self._sources = values, raw, sources
 
     def __getitem__(self, dest: str) -> Any:
@@ -365,7 +366,7 @@ class OptionValues(Mapping[str, Any]):
     def __len__(self) -> int:
         return len(self._values)
 
-    def raw(self, dest: str) -> Optional[str]:
+    def raw(self, dest: str) -> str | None:
         return self._raw[dest]
 
     def source(self, dest: str) -> str:
@@ -380,14 +381,14 @@ class OptionValues(Mapping[str, Any]):
         return UsageError(f"{self.source(dest)}={self.raw(dest)!r} {reason}")
 
 
-def read_options(given: Mapping[str, Optional[str]], environ: Mapping[str, str]) -> OptionValues:
+def read_options(given: Mapping[str, str | None], environ: Mapping[str, str]) -> OptionValues:
     """Parse every option: the command line's text, else its variable, else its default.
 
     ``given`` maps dests to the text the command line gave (``"1"`` for a switch).
     Raises :class:`UsageError` for the first value its row refuses.
     """
     values: dict[str, Any] = {}
-    raws: dict[str, Optional[str]] = {}
+    raws: dict[str, str | None] = {}
     sources: dict[str, str] = {}
     for option in OPTIONS:
         dest = option.dest
@@ -407,7 +408,7 @@ def read_options(given: Mapping[str, Optional[str]], environ: Mapping[str, str])
     return OptionValues(values, raws, sources)
 
 
-def _switch(raw: Optional[str], source: str) -> bool:
+def _switch(raw: str | None, source: str) -> bool:
     if raw is None:
         return False
     try:

@@ -8,7 +8,7 @@ count, ...), each worded once, in terms of the flags.
 from __future__ import annotations
 
 import uuid
-from typing import Callable, Mapping, Optional
+from collections.abc import Callable, Mapping
 
 from xlarun.cli.options import OptionValues
 from xlarun.config import TORCH_FALSE_WORDS, TORCH_TRUE_WORDS, LaunchConfig, WorkerCommand
@@ -58,7 +58,7 @@ _TAKEN_AS_PARSED = ("rdzv_conf", "max_restarts", "local_addr", "log_dir", "redir
                     "kill_timeout", "summary_file", "dry_run", "allow_busy_device")
 
 
-def require_script(script: Optional[str]) -> str:
+def require_script(script: str | None) -> str:
     if not script:
         raise UsageError("the following arguments are required: training_script (the script or command to run)")
     return script

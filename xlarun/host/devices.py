@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Mapping
+from collections.abc import Mapping
 
 from xlarun.exceptions import PlanError
 

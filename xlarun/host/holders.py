@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterable, Mapping, Optional
+from typing import Any
 
 from xlarun.flags import flag
 from xlarun.host.devices import NEURON_DEVICE_NAME, NVIDIA_DEVICE_NAME, host_root, list_dir
@@ -52,7 +53,7 @@ class Holder:
     command: str
     age_seconds: float
     devices: tuple[str, ...]
-    run_id: Optional[str]
+    run_id: str | None
     """``TORCHELASTIC_RUN_ID`` from its environment: it looks like a worker of an earlier
     launch (torchrun's or xlarun's). None when absent or unreadable."""
     pgid: int
@@ -126,7 +127,7 @@ def find_holders(paths: Iterable[str], proc: str = "/proc", exclude: Iterable[in
     return holders
 
 
-def _describe_process(proc: str, pid: int, devices: set[str]) -> Optional[Holder]:
+def _describe_process(proc: str, pid: int, devices: set[str]) -> Holder | None:
     base = f"{proc}/{pid}"
     try:
         name, fields = stat_fields(f"{base}/stat")
@@ -154,7 +155,7 @@ def _age(proc: str, started_ticks: int) -> float:
     return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
 
 
-def _run_id(environ_path: str) -> Optional[str]:
+def _run_id(environ_path: str) -> str | None:
     """``TORCHELASTIC_RUN_ID`` as the process started with it (other users' are unreadable)."""
     try:
         with open(environ_path, "rb") as handle:

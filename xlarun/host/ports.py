@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import errno
 import socket
-from typing import Optional
 
 IN_USE = "already in use"
 """What :func:`port_in_use` answers when something else holds the port."""
@@ -65,7 +64,7 @@ def is_local_address(host: str) -> bool:
     return False
 
 
-def port_in_use(host: str, port: int) -> Optional[str]:
+def port_in_use(host: str, port: int) -> str | None:
     """Why ``host:port`` cannot be listened on here, or ``None`` when it can.
 
     :data:`IN_USE` when something else holds the port; otherwise the resolver's or the

@@ -16,8 +16,8 @@ The per-runtime translations live in :mod:`xlarun.runtimes`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Mapping, Optional
 
 from xlarun.config import NprocRequest
 from xlarun.exceptions import PlanError
@@ -43,8 +43,8 @@ class DeviceRequest:
     device: str = "auto"
     runtime: str = "auto"
     spmd: bool = False
-    virtual_devices: Optional[int] = None
-    coordinator_port: Optional[int] = None
+    virtual_devices: int | None = None
+    coordinator_port: int | None = None
 
 
 @dataclass(frozen=True)
@@ -57,17 +57,17 @@ class DevicePlan:
 
     device: str = "cpu"
     runtime: str = "pjrt"
-    xla: Optional[XlaOptions] = None
+    xla: XlaOptions | None = None
     spmd: bool = False
     user_environ: Mapping[str, str] = field(default_factory=dict)
-    local_units: Optional[int] = None
+    local_units: int | None = None
     """What ``--nproc-per-node auto`` starts: the device's units on this host, or on the host a
     dry run assumes (:data:`DRY_RUN_HOSTS`); None for cpu and xpu, where torchrun's rule applies."""
     notices: tuple[str, ...] = ()
     """Lines to print before the workers start; a dry run shows the same lines."""
     assumed: tuple[str, ...] = ()
     """What a dry run assumed about a machine it cannot see, one line each."""
-    torch_xla_version: Optional[str] = None
+    torch_xla_version: str | None = None
     """The installed torch_xla, None without one."""
 
     def variables(self, node: NodeAssignment, local_rank: int) -> dict[str, str]:
@@ -154,7 +154,7 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
                       torch_xla_version=torch_xla_version)
 
 
-def assumed_host(device: str, nproc: NprocRequest, spmd: bool) -> Optional[AssumedHost]:
+def assumed_host(device: str, nproc: NprocRequest, spmd: bool) -> AssumedHost | None:
     """The machine a dry run plans for in place of this host, which lacks ``device`` (None for cpu, xpu)."""
     if device == "tpu" and not spmd and (nproc.count or 0) > DRY_RUN_HOSTS["tpu"].units:
         return TPU_HOST_8_CHIPS
@@ -210,7 +210,7 @@ def check_device_plan(device: DevicePlan, probe: NodeAssignment) -> list[str]:
     return notices
 
 
-def cpu_split_world(device: DevicePlan, nproc_per_node: int, nnodes: int) -> Optional[str]:
+def cpu_split_world(device: DevicePlan, nproc_per_node: int, nnodes: int) -> str | None:
     """Why XLA collectives cannot join these CPU processes, or None where they can (or XLA is absent).
 
     PJRT's CPU client has no cross-process collectives: every CPU process is an XLA world
@@ -227,7 +227,7 @@ def cpu_split_world(device: DevicePlan, nproc_per_node: int, nnodes: int) -> Opt
             "the gloo backend")
 
 
-def xla_has_cuda(torch_xla_version: Optional[str]) -> bool:
+def xla_has_cuda(torch_xla_version: str | None) -> bool:
     """XLA:GPU exists in torch_xla 2.2 to 2.8 only."""
     return (torch_xla_version is not None
             and FIRST_WITH_CUDA_NAME <= major_minor(torch_xla_version) < FIRST_WITHOUT_CUDA)

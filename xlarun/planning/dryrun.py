@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
-from typing import Any, Callable, Mapping, Optional, Sequence
+from operator import attrgetter, methodcaller
+from typing import Any
 
 from xlarun.config import DEFAULT_MASTER_PORT, LaunchConfig, Topology
 from xlarun.host.holders import busy_device_holders
@@ -43,7 +44,7 @@ class NodePlan:
     """
 
     node: NodeAssignment
-    alternative: Optional[NodeAssignment] = None
+    alternative: NodeAssignment | None = None
     endpoint: str = ""
     assumed: tuple[str, ...] = ()
 
@@ -151,7 +152,7 @@ def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan
     placement = {key: shown(attrgetter(key))
                  for key in ("run_id", "node_rank", "world_size", "master_addr", "master_port")}
     workers = [{"local_rank": local_rank,
-                "rank": shown(lambda assignment: assignment.global_rank(local_rank)),
+                "rank": shown(methodcaller("global_rank", local_rank)),
                 "argv": config.command.argv(local_rank),
                 "env": {name: DECIDED_AT_RENDEZVOUS if name in undecided_variables else value
                         for name, value in env.items()}}

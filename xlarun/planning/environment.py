@@ -8,7 +8,8 @@ pure function of the node assignment.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Mapping
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from xlarun.ranks import NodeAssignment
 

@@ -11,14 +11,14 @@ from __future__ import annotations
 import os
 import re
 import sys
-from typing import Callable, Optional
+from collections.abc import Callable
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes.releases import NEWEST, SUPPORTED, TPU_GENERATION_FIRST_RELEASE, XPU_FIRST_RELEASE, Release
 
 RUNTIMES = ("auto", "pjrt", "xrt")
 
-VersionLookup = Callable[[str], Optional[str]]
+VersionLookup = Callable[[str], str | None]
 """Maps a distribution name to its installed version string, or None when absent."""
 
 FIRST_WITHOUT_XRT = (2, 1)

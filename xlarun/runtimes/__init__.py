@@ -20,8 +20,8 @@ node, see :mod:`~xlarun.runtimes.neuron`), and a plan where it would pass the li
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Callable, Dict, Mapping
 
 from xlarun.exceptions import PlanError
 from xlarun.host.ports import host_port
@@ -35,7 +35,7 @@ _PORT_RANGE_SIZE = UNPRIVILEGED_PORTS[1] - UNPRIVILEGED_PORTS[0] + 1
 COORDINATOR_PORT_SHIFT = 32256
 """Half of the unprivileged port range: the coordinator port's distance from MASTER_PORT."""
 
-_DeviceEnv = Callable[["XlaOptions", NodeAssignment, int], Dict[str, str]]
+_DeviceEnv = Callable[["XlaOptions", NodeAssignment, int], dict[str, str]]
 _PJRT_DEVICE_ENV: Mapping[str, _DeviceEnv] = {
     "tpu": tpu.env,
     "neuron": neuron.env,

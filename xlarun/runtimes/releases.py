@@ -17,7 +17,6 @@ nothing else of xlarun, so the package checks and the worker can read it cheaply
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Optional
 
 Release = tuple[int, int]
 
@@ -57,10 +56,10 @@ class XlaInitBreak:
     ``devices`` None applies to every device.
     """
 
-    devices: Optional[tuple[str, ...]]
+    devices: tuple[str, ...] | None
     releases: tuple[Release, Release]
     local_processes: str
-    spmd: Optional[bool]
+    spmd: bool | None
     reason: str
 
     def applies(self, release: Release, device: str, spmd: bool, local_processes: int) -> bool:
@@ -84,6 +83,6 @@ XLA_INIT_BREAKS: tuple[XlaInitBreak, ...] = (
 """Where :func:`xlarun.init_process_group` joins with ``env://`` instead of ``xla://``."""
 
 
-def xla_init_break(release: Release, device: str, *, spmd: bool, local_processes: int) -> Optional[XlaInitBreak]:
+def xla_init_break(release: Release, device: str, *, spmd: bool, local_processes: int) -> XlaInitBreak | None:
     """The reason ``xla://`` would misconfigure this worker on ``release``, or None where it works."""
     return next((case for case in XLA_INIT_BREAKS if case.applies(release, device, spmd, local_processes)), None)

@@ -37,8 +37,9 @@ own address and task id 0, so the defaults for the whole slice are not filled in
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes.releases import XLA_INIT_PINS_ONE_LOCAL_PROCESS
@@ -91,7 +92,8 @@ class TpuTopology:
 
     def one_chip_process_bounds(self) -> str:
         """``TPU_PROCESS_BOUNDS`` with one process per chip: host grid times chip grid."""
-        return ",".join(str(h * c) for h, c in zip(_dims(self.host_bounds), _dims(self.chips_per_host_bounds)))
+        pairs = zip(_dims(self.host_bounds), _dims(self.chips_per_host_bounds), strict=True)
+        return ",".join(str(hosts * chips) for hosts, chips in pairs)
 
 
 def _dims(bounds: str) -> tuple[int, ...]:

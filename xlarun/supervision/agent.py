@@ -19,8 +19,9 @@ import os
 import selectors
 import sys
 import threading
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Optional, TypeVar, Union
+from typing import Any, TypeVar
 
 from xlarun.config import LaunchConfig
 from xlarun.console import say
@@ -49,7 +50,7 @@ class Agent:
         self.rendezvous = rendezvous
         self.environ = dict(environ)
         self.variables_for = variables_for
-        self.summary: Optional[RunSummary] = None
+        self.summary: RunSummary | None = None
         self._run_dir = ""
 
     def run(self) -> int:
@@ -67,7 +68,7 @@ class Agent:
         self._write_summary(code)
         return code
 
-    def _write_summary(self, code: int, error: Optional[str] = None) -> None:
+    def _write_summary(self, code: int, error: str | None = None) -> None:
         if not self.config.summary_file:
             return
         summary = self.summary or RunSummary(run_id=self.config.rdzv_id)
@@ -172,7 +173,7 @@ class Interrupted:
     signal_number: int
 
 
-def wait_interruptibly(inbox: SignalInbox, call: Callable[..., T], *args: Any) -> Union[T, Interrupted]:
+def wait_interruptibly(inbox: SignalInbox, call: Callable[..., T], *args: Any) -> T | Interrupted:
     """Run a blocking rendezvous step in a helper thread so a stop signal still ends the launcher.
 
     SIGUSR1/SIGUSR2 have no workers to go to here and are dropped.

@@ -29,8 +29,9 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO, Callable, Optional
+from typing import IO
 
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.process import PosixProcess, ProcessFactory, StreamTarget, WorkerProcess, WorkerSpec
@@ -46,13 +47,13 @@ class WorkerResult:
     rank: int
     pid: int
     started_at: float
-    returncode: Optional[int] = None
-    ended_at: Optional[float] = None
+    returncode: int | None = None
+    ended_at: float | None = None
     error_file: str = ""
     stderr_tail: list[str] = field(default_factory=list)
 
     @property
-    def signal_number(self) -> Optional[int]:
+    def signal_number(self) -> int | None:
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
 
 
@@ -60,8 +61,8 @@ class WorkerResult:
 class GroupOutcome:
     results: list[WorkerResult]
     failures: list[WorkerResult]
-    launcher_signal: Optional[int] = None
-    stop_reason: Optional[str] = None
+    launcher_signal: int | None = None
+    stop_reason: str | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -79,10 +80,10 @@ class Worker:
     spec: WorkerSpec
     process: WorkerProcess
     result: WorkerResult
-    pidfd: Optional[int]
+    pidfd: int | None
     """Open until the worker's exit is collected."""
-    stdout_relay: Optional[StreamRelay] = None
-    stderr_relay: Optional[StreamRelay] = None
+    stdout_relay: StreamRelay | None = None
+    stderr_relay: StreamRelay | None = None
     pipes: list[Pipe] = field(default_factory=list)
     stragglers: set[int] = field(default_factory=set)
     """Pidfds of processes left in the worker's group after it ended, waited for at teardown."""
@@ -100,8 +101,8 @@ class WorkerGroup:
     """Starts a list of workers and supervises them until all are gone. See the module docstring."""
 
     def __init__(self, specs: list[WorkerSpec], kill_timeout: float = 30.0,
-                 guard: Optional[OrphanGuard] = None,
-                 on_failure: Optional[Callable[[WorkerResult], None]] = None,
+                 guard: OrphanGuard | None = None,
+                 on_failure: Callable[[WorkerResult], None] | None = None,
                  start_process: ProcessFactory = PosixProcess):
         self._specs = specs
         self._kill_timeout = kill_timeout
@@ -111,10 +112,10 @@ class WorkerGroup:
         self._selector = selectors.DefaultSelector()
         self._workers: list[Worker] = []
         self._failures: list[WorkerResult] = []
-        self._stop_signal: Optional[int] = None
-        self._deadline: Optional[float] = None
-        self._launcher_signal: Optional[int] = None
-        self._stop_reason: Optional[str] = None
+        self._stop_signal: int | None = None
+        self._deadline: float | None = None
+        self._launcher_signal: int | None = None
+        self._stop_reason: str | None = None
         self._stop_read, self._stop_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # A watcher thread may ask for a stop after the group is gone: the pipe's descriptor
         # numbers may by then belong to another file, so closing and writing exclude each other.
@@ -176,7 +177,7 @@ class WorkerGroup:
                 self._selector.register(pipe, selectors.EVENT_READ, reader)
         self._selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_worker_exit(worker))
 
-    def _stream_target(self, plan: StreamPlan) -> tuple[StreamTarget, Optional[StreamRelay]]:
+    def _stream_target(self, plan: StreamPlan) -> tuple[StreamTarget, StreamRelay | None]:
         """What the process factory gets for one stream (a pipe, a file descriptor, /dev/null or the console)."""
         if plan.relay:
             return subprocess.PIPE, StreamRelay(plan)

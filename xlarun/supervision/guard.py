@@ -49,7 +49,7 @@ class OrphanGuard:
         self._ready_fd = -1
         self.pid = 0
 
-    def start(self) -> "OrphanGuard":
+    def start(self) -> OrphanGuard:
         read_fd, self._write_fd = os.pipe2(os.O_CLOEXEC)
         self._ready_fd, ready_write = os.pipe2(os.O_CLOEXEC)
         self.pid = os.fork()

@@ -15,7 +15,6 @@ import os
 import shutil
 import tempfile
 from string import Template
-from typing import Optional
 
 from xlarun.config import STDERR, STDOUT, LaunchConfig
 from xlarun.exceptions import UsageError
@@ -23,7 +22,7 @@ from xlarun.flags import flag
 from xlarun.supervision.relay import StreamPlan, WorkerLogPlan
 
 
-def make_run_log_dir(base: Optional[str], run_id: str) -> str:
+def make_run_log_dir(base: str | None, run_id: str) -> str:
     """The run's directory: ``<base>/<run_id>_<random>``, ``base`` a fresh temp dir when not given."""
     try:
         if base is None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import os
 import subprocess
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import IO, Callable, Optional, Protocol
+from typing import IO, Protocol
 
 from xlarun.host.procfs import stat_fields
 from xlarun.supervision.relay import WorkerLogPlan
@@ -23,7 +24,7 @@ class WorkerSpec:
     argv: list[str]
     env: dict[str, str]
     logs: WorkerLogPlan
-    cwd: Optional[str] = None
+    cwd: str | None = None
 
 
 def group_members(pgid: int) -> list[int]:
@@ -52,7 +53,7 @@ def signal_group(pgid: int, number: int) -> bool:
     return True
 
 
-StreamTarget = Optional[int]
+StreamTarget = int | None
 """What a worker's stream is connected to, as :class:`subprocess.Popen` takes it: ``PIPE``,
 ``DEVNULL``, an open file descriptor, or None for the launcher's own."""
 
@@ -62,8 +63,8 @@ class WorkerProcess(Protocol):
     the group id equal to its pid, so teardown reaches whatever it started."""
 
     pid: int
-    stdout: Optional[IO[bytes]]
-    stderr: Optional[IO[bytes]]
+    stdout: IO[bytes] | None
+    stderr: IO[bytes] | None
 
     def open_pidfd(self) -> int:
         """A descriptor that becomes readable once the process has exited; the caller closes it."""
@@ -91,8 +92,8 @@ class PosixProcess:
         # Popen must not reap or warn about a child whose status the event loop collects.
         popen.returncode = 0
         self.pid: int = popen.pid
-        self.stdout: Optional[IO[bytes]] = popen.stdout
-        self.stderr: Optional[IO[bytes]] = popen.stderr
+        self.stdout: IO[bytes] | None = popen.stdout
+        self.stderr: IO[bytes] | None = popen.stderr
 
     def open_pidfd(self) -> int:
         return os.pidfd_open(self.pid)

@@ -12,7 +12,6 @@ import os
 import select
 from collections import deque
 from dataclasses import dataclass
-from typing import Optional
 
 TAIL_LINES = 20
 # A worker that never ends a line (progress bars) still gets its text out in bounded pieces.
@@ -23,8 +22,8 @@ MAX_PARTIAL_LINE = 64 * 1024
 class StreamPlan:
     """Where one worker stream goes. ``file`` and ``console_fd`` may both be set (tee)."""
 
-    file: Optional[str] = None
-    console_fd: Optional[int] = None
+    file: str | None = None
+    console_fd: int | None = None
     prefix: bytes = b""
     relay: bool = False
 
@@ -132,7 +131,7 @@ class StreamRelay:
             _report_console_failure(fd, error)
 
 
-def read_tail(path: Optional[str], limit: int = TAIL_LINES) -> list[str]:
+def read_tail(path: str | None, limit: int = TAIL_LINES) -> list[str]:
     """The last lines of a log file (for a redirected stream), or nothing."""
     if not path:
         return []

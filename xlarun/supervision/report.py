@@ -11,9 +11,10 @@ import json
 import os
 import socket
 import sys
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any, Mapping, Optional
+from typing import Any
 
 from xlarun.errorfile import read_error_file
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
@@ -69,13 +70,13 @@ class RunSummary:
     exit_code: int = 0
     result: str = "succeeded"
     restarts: int = 0
-    launcher_signal: Optional[str] = None
-    error: Optional[str] = None
-    root_cause: Optional[dict[str, Any]] = None
+    launcher_signal: str | None = None
+    error: str | None = None
+    root_cause: dict[str, Any] | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
     def add_attempt(self, number: int, results: list[WorkerResult],
-                    nodes: Optional[Mapping[str, Any]] = None) -> None:
+                    nodes: Mapping[str, Any] | None = None) -> None:
         """Record an attempt's workers, and ``nodes``: the rendezvous's world size and nodes."""
         self.attempts.append({"attempt": number, "workers": [
             {"rank": r.rank, "local_rank": r.local_rank, "pid": r.pid,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
-from typing import Iterable
+from collections.abc import Iterable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 RELAYED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
@@ -35,7 +35,7 @@ class SignalInbox:
         self._write_fd = -1
         self._previous_wakeup = -1
 
-    def __enter__(self) -> "SignalInbox":
+    def __enter__(self) -> SignalInbox:
         self.fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._previous_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         for number in self._signals:

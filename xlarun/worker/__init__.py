@@ -8,7 +8,8 @@ import them when called.
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from xlarun.host.devices import resolve_device
 from xlarun.planning.environment import LAUNCHED_MARKER

@@ -23,7 +23,8 @@ rank 0 alone reads every address, so the store sees O(world) operations.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, MutableMapping, Sequence
+from collections.abc import MutableMapping, Sequence
+from typing import TYPE_CHECKING
 
 from xlarun.host.ports import address_facing, free_port, host_port
 from xlarun.xrtnames import XRT_DEVICE_KINDS, XRT_TASK_JOB
@@ -36,7 +37,7 @@ JOINED_WORKERS_KEY = "workers"
 
 # Kept for the life of the worker: on rank 0 the store object owns the server
 # that every other worker, and later the process group, talks to.
-_exchange_store: "torch.distributed.Store | None" = None
+_exchange_store: torch.distributed.Store | None = None
 
 
 def format_xrt_workers(addresses: Sequence[str]) -> str:
@@ -64,7 +65,7 @@ def device_kind(multiprocessing_device: str) -> str:
     return multiprocessing_device.split(":", 1)[0].upper()
 
 
-def exchange_xrt_topology(store: "torch.distributed.Store", rank: int, world_size: int,
+def exchange_xrt_topology(store: torch.distributed.Store, rank: int, world_size: int,
                           host: str, port: int, device: str) -> dict[str, str]:
     """Publish this worker's gRPC address and return ``XRT_WORKERS`` and ``XRT_DEVICE_MAP``.
 
@@ -103,7 +104,7 @@ def needs_xrt_lists(environ: MutableMapping[str, str]) -> bool:
     return "XRT_WORKERS" not in environ or "XRT_DEVICE_MAP" not in environ
 
 
-def configure_xrt_worker(environ: MutableMapping[str, str] | None = None) -> "torch.distributed.Store":
+def configure_xrt_worker(environ: MutableMapping[str, str] | None = None) -> torch.distributed.Store:
     """Build ``XRT_WORKERS`` and ``XRT_DEVICE_MAP`` for this worker and set them in ``environ``.
 
     Call before anything starts the XLA runtime. Reads torchrun's variables
@@ -138,7 +139,7 @@ def configure_xrt_worker(environ: MutableMapping[str, str] | None = None) -> "to
 
 
 def _open_store(master_addr: str, master_port: int, rank: int, world_size: int, *,
-                agent_store: bool, restart_count: int) -> "torch.distributed.Store":
+                agent_store: bool, restart_count: int) -> torch.distributed.Store:
     import torch.distributed as dist
 
     if agent_store:
