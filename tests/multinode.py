@@ -1,7 +1,8 @@
 """Helpers for the multi-node tests: agents on 127.0.0.1 as nodes, and what they printed.
 
 - ``static(port, node_rank, nnodes, nproc)`` and ``c10d(port, run_id, nnodes, nproc)``: the flags of one node.
-- ``Nodes`` (the ``nodes`` fixture): the agents a test starts; whatever is left of them is killed at teardown.
+- ``Nodes`` (the ``nodes`` fixture of ``conftest.py``): the agents a test starts; whatever is left of them is
+  killed at teardown.
 - ``lines(run)``: the launcher's lines on stderr, without the warnings every CPU launch prints first.
 - ``listeners(port)``: who listens on a port, to find the agent that serves the store.
 - ``kill_machine(pid)``: SIGKILL an agent and every process under it, as if its host vanished.
@@ -11,13 +12,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import psutil
-import pytest
-from conftest import Run, finish, kill_all, start_xlarun, wait_for
+from helpers import Run, finish, kill_all, start_xlarun, wait_for
 
 HOST = "127.0.0.1"
 # Launch notices that do not concern several nodes (e.g. PJRT's CPU client warning).
@@ -65,15 +65,6 @@ class Nodes:
             if process.poll() is None:
                 process.communicate()
         kill_all(self.worker_pids())
-
-
-@pytest.fixture
-def nodes(out_dir: Path) -> Iterator[Nodes]:
-    started = Nodes(out_dir)
-    try:
-        yield started
-    finally:
-        started.cleanup()
 
 
 def both(runs: Sequence[Run]) -> str:

@@ -25,7 +25,7 @@ STDERR = 2
 
 @dataclass(frozen=True)
 class NprocRequest:
-    """``--nproc-per-node`` as given: a count, or one of :data:`NPROC_WORDS` resolved later."""
+    """``--nproc-per-node`` as given: a count, or a word (``auto``, ``cpu``, ``gpu``) resolved later."""
 
     count: int | None = None
     word: str | None = None

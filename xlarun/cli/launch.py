@@ -34,7 +34,7 @@ from xlarun.planning.device import (
 from xlarun.planning.dryrun import plan_document, probe_node
 from xlarun.planning.environment import omp_threads_default, worker_variables
 from xlarun.ranks import NodeAssignment
-from xlarun.rendezvous import FixedRendezvous, Rendezvous
+from xlarun.rendezvous import FixedRendezvous, Rendezvous, multi_node_rendezvous
 from xlarun.supervision.agent import Agent
 
 
@@ -150,9 +150,7 @@ def choose_rendezvous(config: LaunchConfig, environ: Mapping[str, str]) -> Rende
             raise UsageError(f"master port {config.master_port} on {config.master_addr} is already in use: pick "
                              f"another with {flag('master_port')} PORT, or use {flag('standalone')} for a free one")
         return FixedRendezvous(config.rdzv_id, config.master_addr, config.master_port)
-    from xlarun.rendezvous.distributed import connect
-
-    return connect(config, environ)
+    return multi_node_rendezvous(config, environ)
 
 
 def refuse_busy_device(device: str, environ: Mapping[str, str]) -> None:

@@ -1,11 +1,10 @@
 """Every flag xlarun takes, one row each: spellings, value parser, default, help, owner.
 
-The command-line parser (:mod:`xlarun.cli.command`), ``--help``, the ``PET_*`` fallbacks, the
-value checks and the ``--dry-run`` plan's ``options`` all read :data:`OPTIONS`; adding a
-flag is adding a row. A row's parser turns the text into its value or raises
-:class:`InvalidValue`; :func:`read_options` words that as one line naming the flag,
-where the value came from and what :attr:`Option.allowed` says, so each check is worded
-once, here.
+The command-line parser (:mod:`xlarun.cli.command`), ``--help``, the ``PET_*`` fallbacks and
+the value checks all read :data:`OPTIONS`; adding a flag is adding a row. A row's parser
+turns the text into its value or raises :class:`InvalidValue`; :func:`read_options` words
+that as one line naming the flag, where the value came from and what :attr:`Option.allowed`
+says, so each check is worded once, here.
 
 Usage::
 

@@ -1,20 +1,34 @@
 """Rendezvous: how the nodes of a job agree on ranks, and how they learn of each other's failures.
 
-A single node needs no agreement (:class:`FixedRendezvous`, no torch import). Several
-nodes meet through torch.distributed's TCPStore and rendezvous handlers; that code is
-imported only on that path: ``distributed`` (the multi-node rendezvous) over ``store`` (the
-store's plumbing), ``joining`` (who takes part, and each attempt's seats) and ``watching``
-(heartbeats, the news of an attempt's end, the monitor).
+A single node needs no agreement: :class:`FixedRendezvous`, no torch import. Several nodes
+meet through torch.distributed's TCPStore and, for c10d, its rendezvous handler::
+
+    from xlarun.rendezvous import FixedRendezvous, multi_node_rendezvous
+
+    rendezvous = FixedRendezvous(run_id, master_addr, master_port)   # one node
+    rendezvous = multi_node_rendezvous(config, environ)               # several: imports torch
+
+The multi-node code is imported only on that path: ``node`` (a node's life in the job,
+either backend) with one seating per backend, ``static`` and ``c10d``, over ``store`` (the
+store's plumbing and key names), ``joining`` (who takes part, and each attempt's seats) and
+``watching`` (heartbeats, the news of an attempt's end, the monitor).
 """
 
 from __future__ import annotations
 
+import os
 import socket
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
+from xlarun.console import StatusLine
 from xlarun.failures import FailureRecord
 from xlarun.ranks import NodeAssignment
+
+if TYPE_CHECKING:
+    from xlarun.config import LaunchConfig
+    from xlarun.rendezvous.store import Connector
 
 
 @dataclass(frozen=True)
@@ -22,7 +36,7 @@ class AttemptEnd:
     """How an attempt ended for the whole job; every node learns the same."""
 
     succeeded: bool
-    lost: Optional[str] = None
+    lost: str | None = None
     """A node went silent or left before its workers finished: the line that says which."""
     admitting: bool = False
     """The workers stopped to let waiting nodes join: a restart that costs none of the allowed restarts."""
@@ -42,9 +56,10 @@ class Rendezvous(Protocol):
 
         Raises :class:`JobEnded` when the job ends before this node got a place in it.
 
-        ``attempt`` is this agent's count of attempts so far; a multi-node rendezvous numbers
-        attempts for the whole job (a node that joins late takes the job's number), so the
-        assignment's ``restart_count`` is the attempt's number.
+        ``attempt`` is this agent's count of attempts so far. :class:`FixedRendezvous` makes it
+        the assignment's ``restart_count``; the multi-node rendezvous does not read it: the job
+        numbers its attempts (a node that joins late, or replaces a lost one, takes the number
+        the others run under, not its own count), and ``restart_count`` is the job's number.
         """
 
     def watch(self, stop: Callable[[str], None]) -> None:
@@ -53,7 +68,7 @@ class Rendezvous(Protocol):
     def publish_failure(self, failure: FailureRecord) -> None:
         """Tell the other nodes this node's workers failed."""
 
-    def first_failure(self) -> Optional[FailureRecord]:
+    def first_failure(self) -> FailureRecord | None:
         """The attempt's first failure on any node, as published (``None`` on a single node)."""
 
     def finish_attempt(self, succeeded: bool) -> AttemptEnd:
@@ -69,21 +84,20 @@ class Rendezvous(Protocol):
 class FixedRendezvous:
     """No store, no other node to meet: ranks follow from the flags alone.
 
-    Runs a single node, and plans any node for a dry run.
+    Runs a single node: ``--standalone``, or one static node at the master address and port.
+    (A dry run plans its nodes without a rendezvous: :mod:`xlarun.planning.dryrun`.)
     """
 
-    def __init__(self, run_id: str, master_addr: str, master_port: int, node_rank: int = 0, nnodes: int = 1):
+    def __init__(self, run_id: str, master_addr: str, master_port: int):
         self._run_id = run_id
         self._master_addr = master_addr
         self._master_port = master_port
-        self._node_rank = node_rank
-        self._nnodes = nnodes
         self._nproc = 0
 
     def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
         self._nproc = nproc_per_node
         return NodeAssignment.single_node(self._run_id, nproc_per_node, self._master_addr, self._master_port,
-                                          node_rank=self._node_rank, nnodes=self._nnodes, restart_count=attempt)
+                                          restart_count=attempt)
 
     def watch(self, stop: Callable[[str], None]) -> None:
         return None
@@ -91,7 +105,7 @@ class FixedRendezvous:
     def publish_failure(self, failure: FailureRecord) -> None:
         return None
 
-    def first_failure(self) -> Optional[FailureRecord]:
+    def first_failure(self) -> FailureRecord | None:
         return None
 
     def finish_attempt(self, succeeded: bool) -> AttemptEnd:
@@ -99,8 +113,37 @@ class FixedRendezvous:
 
     def attempt_record(self) -> dict[str, Any]:
         return {"world_size": self._nproc,
-                "nodes": [{"node_rank": self._node_rank, "host": socket.gethostname(), "nproc": self._nproc}]}
+                "nodes": [{"node_rank": 0, "host": socket.gethostname(), "nproc": self._nproc}]}
 
     def close(self) -> None:
         return None
+
+
+def multi_node_rendezvous(config: LaunchConfig, environ: Mapping[str, str],
+                          connector: Connector | None = None) -> Rendezvous:
+    """The rendezvous of one node of a multi-node job, seated by ``config``'s backend.
+
+    Nothing is contacted until the first :meth:`~Rendezvous.assign`. ``connector`` opens each
+    connection to the store (a TCPStore client unless given; the pod-scale benchmark passes
+    one that counts requests).
+    """
+    # c10d logs every store hiccup at error level, with a C++ stack; the launcher reports such
+    # events in one line. Only this process: workers get the environment the launcher started with.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    # Otherwise torch's handler serves a second store, on every interface, that nothing here uses.
+    os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    import torch.distributed  # noqa: F401  (the engine: imported on this path only)
+
+    # A single node's start-up imports this package: the multi-node modules load only here.
+    from xlarun.rendezvous.c10d import C10dSeating
+    from xlarun.rendezvous.joining import Seating
+    from xlarun.rendezvous.node import NodeRendezvous
+    from xlarun.rendezvous.static import StaticSeating
+    from xlarun.rendezvous.store import JobKeys, tcp_client
+
+    connector = connector or tcp_client
+    keys, status = JobKeys(config.rdzv_id), StatusLine()
+    seating: Seating = (StaticSeating(config, keys, status) if config.rdzv_backend == "static"
+                        else C10dSeating(config, keys, status, connector))
+    return NodeRendezvous(config, environ, seating, keys, status, connector)
 

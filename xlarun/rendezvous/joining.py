@@ -11,17 +11,19 @@ costs a few requests per node and O(N) for the whole job, with no polling.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass
-from typing import Any, Callable, Optional
+from typing import Any, Protocol
 
 from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError
 from xlarun.flags import flag
-from xlarun.rendezvous.store import Client, JobKeys, token_digest, wait_for_key
+from xlarun.rendezvous.store import Client, JobKeys, StoreRole, Timeouts, token_digest, wait_for_key
 
 # How many membership changes one line names before it counts the rest.
 NAMED_CHANGES = 3
@@ -47,7 +49,7 @@ class Roster:
         return json.dumps({"members": [[m.agent, m.host, m.nproc] for m in self.members]})
 
     @classmethod
-    def decode(cls, raw: bytes) -> "Roster":
+    def decode(cls, raw: bytes) -> Roster:
         fields = json.loads(raw)
         return cls(tuple(Member(*member) for member in fields["members"]))
 
@@ -82,19 +84,58 @@ class Seat:
     world_size: int
     master_addr: str
     master_port: int
-    store_node: Optional[int]
+    store_node: int | None
     change: str
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
 
     @classmethod
-    def decode(cls, raw: bytes) -> "Seat":
+    def decode(cls, raw: bytes) -> Seat:
         return cls(**json.loads(raw))
 
 
 Lead = Callable[[list[Member]], list[Seat]]
 """The leader's decision: from every node's record, in node-rank order, to every node's seat."""
+
+LeadAttempt = Callable[[int, list[Member]], list[Seat]]
+"""The same for attempt number ``n``, which the backend decides (the store's count of attempts)."""
+
+
+class Seating(Protocol):
+    """What a backend decides: who serves the store, who takes part, and who they are in each attempt.
+
+    One per node, chosen by the backend (:mod:`~xlarun.rendezvous.static`, :mod:`~xlarun.rendezvous.c10d`);
+    the rest of a node's life in the job is :class:`~xlarun.rendezvous.node.NodeRendezvous`'s. The
+    job's store client is handed to each call rather than kept: the host's store stops with the
+    last reference to it, and the node drops its own when it leaves (torch's c10d handler keeps one).
+    """
+
+    timeouts: Timeouts
+    store_host_node: int | None
+    """The node serving the job's store until an attempt's seats say which (``None``: no rank says)."""
+    connections: tuple[str, ...]
+    """Connections of its own, by role, opened with the node's before the agent counts as joined."""
+    nodes_waiting: Callable[[], int] | None
+    """How many nodes wait to join, for the monitor to let them in by a restart (``None``: none can)."""
+
+    def store_role(self, host: str) -> StoreRole:
+        """Whether this agent serves the job's store at ``host`` or reaches it."""
+
+    def joined(self, store: Client, host: str, port: int, agent: int, connections: Mapping[str, Client]) -> None:
+        """This agent (id ``agent``) reached the store at ``host:port`` and beats: take part."""
+
+    def seat(self, store: Client, me: Member, previous: Seat | None, lead: LeadAttempt) -> Seat:
+        """This node's seat in the attempt after ``previous`` (``None``: the first it takes part in).
+
+        ``lead`` runs on the attempt's node rank 0, with the attempt's number and every node's record.
+        """
+
+    def worker_store_host(self, attempt: int) -> str | None:
+        """Where node rank 0's agent serves the workers' store for ``attempt`` (``None``: the job's store does)."""
+
+    def leave_as_host(self, client: Client) -> None:
+        """The agent serving the store leaves, after every node of the last attempt left or was lost."""
 
 
 def take_seat(board: Client, prefix: str, rank: int, nnodes: int, me: Member, lead: Lead, deadline: float,
@@ -125,6 +166,31 @@ def take_seat(board: Client, prefix: str, rank: int, nnodes: int, me: Member, le
         raise missing(board, prefix, nnodes, deadline - started, status, reached)
     status.clear()
     return Seat.decode(board.get(f"{prefix}seat/{rank}"))
+
+
+def seat_attempt(store: Client, keys: JobKeys, attempt: int, members: list[Member], master_addr: str,
+                 master_port: int) -> list[Seat]:
+    """The leader's decision: publish ``attempt``'s roster and give every node its seat.
+
+    The seats name the workers' store (``master_addr:master_port``), the node that serves the
+    job's store, and what changed since the attempt before.
+    """
+    host_agent = store.get(keys("host_agent")).decode()
+    store_node = next((rank for rank, m in enumerate(members) if str(m.agent) == host_agent), None)
+    roster = Roster(tuple(members))
+    change = ""
+    previous = keys.attempt(attempt - 1, "roster")
+    if attempt > 0 and store.check([previous]):
+        change = membership_change(Roster.decode(store.get(previous)), roster)
+    store.set(keys.attempt(attempt, "roster"), roster.encode())
+    # The monitor follows the latest attempt seated.
+    store.set(keys("published"), str(attempt + 1))
+    # As torchrun: the workers of the nodes ranked before come first.
+    offsets = [0, *itertools.accumulate(m.nproc for m in members)]
+    world_size = offsets[-1]
+    return [Seat(attempt=attempt, node_rank=rank, nnodes=len(members), rank_offset=offsets[rank],
+                 world_size=world_size, master_addr=master_addr, master_port=master_port, store_node=store_node,
+                 change=change) for rank in range(len(members))]
 
 
 def missing(board: Client, prefix: str, nnodes: int, waited: float, status: StatusLine, reached: str) -> LaunchError:
@@ -184,7 +250,7 @@ def claim_node_rank(client: Client, keys: JobKeys, rank: int, agent: int, patien
     mine = str(agent)
     holder = client.compare_set(key, "", mine).decode()
     deadline = time.monotonic() + patience
-    first_beat: Optional[bytes] = None
+    first_beat: bytes | None = None
     while holder != mine:
         if client.check([keys("gone", holder)]):
             holder = client.compare_set(key, holder, mine).decode()

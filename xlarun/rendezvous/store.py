@@ -13,10 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import enum
 import hashlib
 import socket
 import time
-from typing import Any, Callable, Iterator, Mapping, Optional, Protocol, cast
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from xlarun.config import TORCH_TRUE_WORDS
 from xlarun.console import StatusLine
@@ -28,6 +31,9 @@ DEFAULT_HEARTBEAT_TIMEOUT = 5.0
 DEFAULT_CLOSE_TIMEOUT = 30.0
 # How often a status line on a terminal is redrawn while the agent waits.
 STATUS_INTERVAL = 0.5
+# How long a connection may take to open, and a store may leave a heartbeat unanswered before it
+# is taken for gone (a host that vanished without closing its connections).
+CALL_TIMEOUT = 30.0
 
 
 class Client(Protocol):
@@ -114,7 +120,7 @@ def conf_seconds(conf: Mapping[str, str], key: str, default: float) -> float:
     return value
 
 
-def conf_flag(conf: Mapping[str, str], key: str) -> Optional[bool]:
+def conf_flag(conf: Mapping[str, str], key: str) -> bool | None:
     """A boolean ``--rdzv_conf`` key, already checked by :func:`xlarun.config.check_rdzv_conf`."""
     text = conf.get(key)
     return None if text is None else text.lower() in TORCH_TRUE_WORDS
@@ -124,20 +130,65 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
-def beat_interval(heartbeat_timeout: float) -> float:
-    """How often an agent beats and the monitor looks: a tenth of the timeout, at most a second.
+@dataclass(frozen=True)
+class Timeouts:
+    """The rendezvous's seconds, read from ``--rdzv_conf`` under torchrun's names."""
 
-    A node is noticed at most two intervals after the timeout (its last beat may have just
-    been read), so within ``heartbeat_timeout`` + 1 s at the default 5 s.
-    """
-    return min(1.0, heartbeat_timeout / 10)
+    join: float
+    heartbeat: float
+    close: float
+
+    @classmethod
+    def read(cls, conf: Mapping[str, str], join_default: float) -> Timeouts:
+        """``join_default`` is the backend's: torchrun's static rendezvous reads ``timeout`` for it."""
+        return cls(join=conf_seconds(conf, "join_timeout", join_default),
+                   heartbeat=conf_seconds(conf, "heartbeat_timeout", DEFAULT_HEARTBEAT_TIMEOUT),
+                   close=conf_seconds(conf, "close_timeout", DEFAULT_CLOSE_TIMEOUT))
+
+    @property
+    def beat_interval(self) -> float:
+        """How often an agent beats and the monitor looks: a tenth of the heartbeat timeout, at most a second.
+
+        A node is noticed at most two intervals after the timeout (its last beat may have just
+        been read), so within ``heartbeat`` + 1 s at the default 5 s.
+        """
+        return min(1.0, self.heartbeat / 10)
+
+
+class StoreRole(enum.Enum):
+    """What this agent does about the job's store, as its backend decides."""
+
+    SERVE = "serve"
+    """This host was named to serve it: a port it cannot bind is the user's to fix."""
+    SERVE_UNLESS_TAKEN = "serve unless taken"
+    """Serve it, unless its port is taken here: another agent on this host serves it, so reach that one."""
+    REACH = "reach"
+    """Another host serves it."""
 
 
 class JobKeys:
-    """The names of the agents' keys for one run: ``xlarun/<run_id>/...``.
+    """The names of the agents' keys beside torch's: two whatever the run id::
 
-    Two keys are shared by every run on a store: ``xlarun/job`` (the run id and token
-    digest of the agent serving it) and ``xlarun/refused`` (agents turned away).
+        xlarun/job                   run id and token digest: a stray agent is refused
+        xlarun/refused               how many agents were refused; ``xlarun/refused/last`` says who
+
+    and under ``xlarun/<run_id>/``::
+
+        agents                       a counter that gives each agent its id
+        heartbeat/<agent>            a counter each agent bumps; ``left`` once it left on purpose
+        gone/<agent>                 the agent left or was declared lost: its static node rank is free
+        node/<rank>                  static: the agent holding each node rank
+        host_agent                   the agent serving the store, to name it should it vanish
+        arrived                      c10d: agents that came, for the status line and the timeout's line
+        unseated                     c10d: agents in torch's round that never had a seat; the host, closing
+                                     the round at the job's end, waits a moment for them to hear it
+        attempts                     c10d: numbers the attempts for the whole job
+        published                    one more than the latest attempt seated (the monitor follows it)
+        attempt_<n>/roster           the attempt's nodes in rank order (agent, host, workers)
+        attempt_<n>/end              what ended the attempt (first writer wins); every node waits on it
+        attempt_<n>/failure          the first failure of the attempt (JSON), first writer wins
+        attempt_<n>/done             how many nodes' workers all succeeded
+        attempt_<n>/left, all_left   how many nodes read the outcome and left; the host closes after all
     """
 
     JOB = "xlarun/job"
@@ -164,8 +215,8 @@ def is_timeout(error: BaseException) -> bool:
     return isinstance(error, DistStoreError)
 
 
-def wait_for_key(client: Client, key: str, deadline: Optional[float],
-                 status: Optional[Callable[[], None]] = None) -> bool:
+def wait_for_key(client: Client, key: str, deadline: float | None,
+                 status: Callable[[], None] | None = None) -> bool:
     """Block until ``key`` exists; False at ``deadline`` (monotonic seconds; ``None``: no deadline).
 
     The server answers the moment the key is set: nothing is polled. ``status`` (a terminal's
@@ -202,6 +253,35 @@ def connect_client(connector: Connector, host: str, port: int, timeout: float, c
                                   "reachable from this node?") from None
             status.update(f"reaching the rendezvous store at {host}:{port} ({time.monotonic() - started:.0f} s)")
             time.sleep(STATUS_INTERVAL)
+
+
+def lost_store_line(where: str, store_node: int | None, error: BaseException) -> str:
+    """One line for a store that stopped answering: the node hosting it is gone, and c10d with it.
+
+    ``store_node`` is that node's rank, where known.
+    """
+    host = "the node hosting it" if store_node is None else f"node {store_node}, which hosted it,"
+    return f"lost the rendezvous store at {where} ({first_line(error)}): {host} stopped"
+
+
+def open_job_store(connector: Connector, host: str, port: int, role: StoreRole, timeout: float,
+                   status: StatusLine) -> tuple[Client, bool]:
+    """Serve or reach the job's store; returns the client and whether this agent serves it.
+
+    A port this host cannot bind means another agent here serves the store, so this one
+    reaches it instead; not so when this host was named to serve it (:attr:`StoreRole.SERVE`).
+    """
+    if role is not StoreRole.REACH:
+        try:
+            store, _ = serve_store(host, port, timeout)
+        except OSError as error:
+            if role is StoreRole.SERVE:
+                raise UsageError(f"cannot serve the rendezvous store on {host}:{port}: {error.strerror}; "
+                                 f"pick a free port ({flag('master_port')} or {flag('rdzv_endpoint')} "
+                                 "host:PORT)") from None
+        else:
+            return store, True
+    return connect_client(connector, host, port, timeout, CALL_TIMEOUT, status), False
 
 
 @contextlib.contextmanager

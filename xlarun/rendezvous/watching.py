@@ -2,7 +2,7 @@
 
 The work per node is constant whatever the number of nodes:
 
-- every agent bumps its own heartbeat key once per :func:`~xlarun.rendezvous.store.beat_interval`;
+- every agent bumps its own heartbeat key once per :attr:`~xlarun.rendezvous.store.Timeouts.beat_interval`;
 - every agent blocks on one key per attempt, ``attempt_<n>/end``, which the server answers
   the moment anyone writes it: the first failure, a node lost or gone, the last node done,
   or the monitor's call to admit waiting nodes. The first writer wins (``compare_set``);
@@ -16,8 +16,8 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Optional
 
 from xlarun.console import StatusLine
 from xlarun.rendezvous import AttemptEnd
@@ -45,7 +45,7 @@ class News:
         return DONE if self.kind == DONE else json.dumps({"kind": self.kind, "reason": self.reason})
 
     @classmethod
-    def decode(cls, raw: bytes) -> "News":
+    def decode(cls, raw: bytes) -> News:
         if raw == DONE.encode():
             return cls(DONE)
         fields = json.loads(raw)
@@ -72,8 +72,9 @@ class Heartbeat:
     """
 
     def __init__(self, client: Client, key: str, interval: float, limit: float,
-                 on_lost: Callable[[BaseException], None]):
+                 on_lost: Callable[[BaseException], None], watchdog: Watchdog | None = None):
         self.client = client
+        self._watchdog = watchdog or WATCHDOG
         self._key = key
         self._interval = interval
         self.limit = limit
@@ -85,7 +86,7 @@ class Heartbeat:
 
     def start(self) -> None:
         self._thread.start()
-        WATCHDOG.watch(self)
+        self._watchdog.watch(self)
 
     def _beat(self) -> None:
         while not self._stopped.wait(self._interval):
@@ -105,7 +106,7 @@ class Heartbeat:
         """Stop beating; afterwards the connection is free for the caller (no beat is in flight),
         unless the store was reported lost: a beat may then hang for good, and is left behind."""
         self._stopped.set()
-        WATCHDOG.forget(self)
+        self._watchdog.forget(self)
         if self._thread.is_alive() and not self._lost.is_set():
             self._thread.join()
 
@@ -117,12 +118,11 @@ class Watchdog:
     hundreds of agents' rendezvous in one process, each a thread that must wake on time.
     """
 
-    CHECK_INTERVAL = 1.0
-
-    def __init__(self) -> None:
+    def __init__(self, check_interval: float = 1.0) -> None:
+        self._check_interval = check_interval
         self._beats: set[Heartbeat] = set()
         self._lock = threading.Lock()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
 
     def watch(self, beat: Heartbeat) -> None:
         with self._lock:
@@ -137,13 +137,13 @@ class Watchdog:
 
     def _run(self) -> None:
         while True:
-            time.sleep(self.CHECK_INTERVAL)
+            time.sleep(self._check_interval)
             now = time.monotonic()
             with self._lock:
                 late = [beat for beat in self._beats if now - beat.answered > beat.limit]
                 self._beats.difference_update(late)
             for beat in late:
-                beat.report(TimeoutError(f"no answer to a heartbeat for {beat.limit:.0f} s"))
+                beat.report(TimeoutError(f"no answer to a heartbeat for {beat.limit:g} s"))
 
 
 WATCHDOG = Watchdog()
@@ -163,7 +163,7 @@ class EndWatch:
         self._on_news = on_news
         self._on_lost = on_lost
         self.ended = threading.Event()
-        self.news: Optional[News] = None
+        self.news: News | None = None
         threading.Thread(target=self._run, name="xlarun-attempt-end", daemon=True).start()
 
     def _run(self) -> None:
@@ -186,7 +186,7 @@ class EndWatch:
 class Silence:
     """How long the monitor has seen one agent's heartbeat stand still."""
 
-    beat: Optional[bytes] = None
+    beat: bytes | None = None
     seconds: float = 0.0
     declared: bool = False
     """The agent was declared lost in this attempt (once is enough)."""
@@ -205,7 +205,7 @@ class Monitor:
 
     def __init__(self, client: Client, keys: JobKeys, heartbeat_timeout: float, interval: float,
                  status: StatusLine, refusals_seen: int,
-                 nodes_waiting: Optional[Callable[[], int]] = None, max_nodes: int = 0):
+                 nodes_waiting: Callable[[], int] | None = None, max_nodes: int = 0):
         self._client = client
         self._keys = keys
         self._timeout = heartbeat_timeout
@@ -215,7 +215,7 @@ class Monitor:
         self._nodes_waiting = nodes_waiting
         self._max_nodes = max_nodes
         self._attempt = -1
-        self._roster: Optional[Roster] = None
+        self._roster: Roster | None = None
         self._silence: dict[int, Silence] = {}
         self.gone: set[int] = set()
         self._last_read = time.monotonic()
@@ -259,7 +259,7 @@ class Monitor:
         answered = time.monotonic()
         step = answered - self._last_read if answered - asked < self._interval else 0.0
         self._last_read = answered
-        for rank, (member, beat) in enumerate(zip(roster.members, beats)):
+        for rank, (member, beat) in enumerate(zip(roster.members, beats, strict=True)):
             if beat == LEFT_BEAT:
                 continue
             silence = self._silence[member.agent]
@@ -274,7 +274,7 @@ class Monitor:
     def _declare_lost(self, rank: int, agent: int) -> None:
         self.gone.add(agent)
         announce(self._client, self._keys, self._attempt,
-                 News("lost", f"node {rank} stopped responding (no heartbeat for {self._timeout:.0f} s)"))
+                 News("lost", f"node {rank} stopped responding (no heartbeat for {self._timeout:g} s)"))
         self._client.set(self._keys("gone", agent), "lost")
 
     def _admit(self, roster: Roster) -> None:

@@ -10,8 +10,9 @@ Usage::
 
     xla_init_break((2, 5), "neuron", spmd=False, local_processes=1)   # why xla:// fails there, or None
 
-:func:`xlarun.packages.installed_release` gives the installed release. This module imports
-nothing else of xlarun, so the package checks and the worker can read it cheaply.
+``release_of(installed_version("torch_xla"))`` (:mod:`xlarun.planning.packages`) gives the installed
+release (the newest supported where none is installed). This module imports nothing else of
+xlarun, so the package checks and the worker can read it cheaply.
 """
 
 from __future__ import annotations

@@ -1,0 +1,110 @@
+"""--cluster on the command line: the plan ``--dry-run`` prints for each cluster's recorded environment.
+
+Each environment comes from tests/fixtures/cluster/<name>.json (what the scheduler sets on one
+node); the plan must show the node's place in the job derived from it, with explicit flags and
+``--cluster none`` taking precedence.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from helpers import REPO, TESTS, plan, run_xlarun
+
+from xlarun.cli.cluster import slurm_master_port
+
+FIXTURES = TESTS / "fixtures" / "cluster"
+SCRIPT = str(REPO / "examples" / "allreduce.py")
+
+
+def cluster_env(name: str) -> dict[str, str]:
+    return json.loads((FIXTURES / f"{name}.json").read_text())["environ"]
+
+
+def node_plan(*flags: str, fixture: str, env: dict[str, str] | None = None) -> dict[str, Any]:
+    """The dry-run plan for ``xlarun FLAGS SCRIPT`` on the node ``fixture`` describes, ``env`` added."""
+    return plan(*flags, SCRIPT, env={**cluster_env(fixture), **(env or {})})
+
+
+def place(document: dict[str, Any]) -> dict[str, Any]:
+    """The fields the cluster derives, and the global ranks of this node's workers."""
+    return {"nnodes": document["nnodes"], "node_rank": document["node_rank"],
+            "master_addr": document["master_addr"], "master_port": document["master_port"],
+            "run_id": document["run_id"], "ranks": [spec["rank"] for spec in document["workers"]]}
+
+
+@pytest.mark.parametrize("kind, fixture, flags, expected", [
+    ("slurm", "slurm_step_node1", ("--nproc_per_node", "2"),
+     {"nnodes": [2, 2], "node_rank": 1, "master_addr": "n1", "master_port": slurm_master_port(5, 1),
+      "run_id": "5.1", "ranks": [2, 3]}),
+    # The operator's nprocPerNode (4) sets the worker count when no flag does.
+    ("k8s", "k8s_pytorchjob_worker1", (),
+     {"nnodes": [3, 3], "node_rank": 2, "master_addr": "bert-master-0", "master_port": 23456,
+      "run_id": "none", "ranks": [8, 9, 10, 11]}),
+    ("gke-tpu", "gke_tpu_worker1", ("--nproc_per_node", "2"),
+     {"nnodes": [4, 4], "node_rank": 1, "master_addr": "llama-slice-job-0-0.llama", "master_port": 29500,
+      "run_id": "none", "ranks": [2, 3]}),
+    # Open MPI names no master: the address is a flag, the rest comes from mpirun.
+    ("mpi", "mpi_npernode1_rank1", ("--nproc_per_node", "2", "--master_addr", "node-a"),
+     {"nnodes": [2, 2], "node_rank": 1, "master_addr": "node-a", "master_port": 29500,
+      "run_id": "1234370561", "ranks": [2, 3]}),
+])
+def test_dry_run_shows_the_place_the_cluster_gives_this_node(kind, fixture, flags, expected):
+    assert place(node_plan("--cluster", kind, *flags, fixture=fixture)) == expected
+
+
+def test_auto_finds_the_cluster_it_runs_in():
+    found = place(node_plan("--cluster", "auto", "--nproc_per_node", "2", fixture="slurm_step_node1"))
+    assert (found["nnodes"], found["node_rank"], found["run_id"]) == ([2, 2], 1, "5.1")
+
+
+def test_explicit_flags_win_over_the_clusters_values():
+    document = node_plan("--cluster", "slurm", "--nproc_per_node", "2", "--master_addr", "10.1.2.3",
+                         "--master_port", "12345", "--rdzv_id", "mine", fixture="slurm_step_node1")
+    assert place(document) == {"nnodes": [2, 2], "node_rank": 1, "master_addr": "10.1.2.3", "master_port": 12345,
+                               "run_id": "mine", "ranks": [2, 3]}
+
+
+def test_explicit_worker_count_wins_over_the_operators():
+    document = node_plan("--cluster", "k8s", "--nproc_per_node", "1", fixture="k8s_pytorchjob_worker1")
+    assert (document["nproc_per_node"], document["world_size"], place(document)["ranks"]) == (1, 3, [2])
+
+
+def test_cluster_from_the_environment_variable():
+    document = node_plan("--nproc_per_node", "2", fixture="slurm_step_node1", env={"XLARUN_CLUSTER": "slurm"})
+    assert (document["nnodes"], document["node_rank"], document["run_id"]) == ([2, 2], 1, "5.1")
+
+
+def test_flag_wins_over_the_environment_variable():
+    document = node_plan("--cluster", "none", "--nproc_per_node", "2", fixture="slurm_step_node1",
+                         env={"XLARUN_CLUSTER": "slurm"})
+    assert (document["nnodes"], document["node_rank"], document["run_id"]) == ([1, 1], 0, "none")
+
+
+def test_without_cluster_a_slurm_job_runs_as_plain_torchrun_would():
+    document = node_plan("--nproc_per_node", "2", fixture="slurm_step_node1")
+    assert place(document) == {"nnodes": [1, 1], "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29500,
+                               "run_id": "none", "ranks": [0, 1]}
+
+
+@pytest.mark.parametrize("flags, env, source", [
+    (("--cluster", "bogus"), {}, "--cluster"),
+    ((), {"XLARUN_CLUSTER": "bogus"}, "--cluster (from XLARUN_CLUSTER)"),
+])
+def test_unknown_cluster_is_a_usage_error(flags, env, source):
+    run = run_xlarun("--dry-run", *flags, "--nproc_per_node", "2", SCRIPT,
+                     env={**cluster_env("slurm_step_node1"), **env})
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.splitlines() == [
+        f"xlarun: error: {source}='bogus' is invalid: expected one of none, auto, slurm, k8s, gke-tpu, mpi"]
+
+
+def test_cluster_settings_that_do_not_fit_are_a_usage_error():
+    # Two tasks per node would start two agents per node: refused in one line.
+    run = run_xlarun("--dry-run", "--cluster", "slurm", SCRIPT, env=cluster_env("slurm_step_two_tasks_per_node"))
+    assert run.returncode == 2
+    [line] = run.stderr.splitlines()
+    assert line.startswith("xlarun: error: ") and "--ntasks-per-node=1" in line

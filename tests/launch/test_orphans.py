@@ -1,0 +1,139 @@
+"""No process a launch started outlives it: grandchildren, exited workers' children, a launcher killed
+with SIGKILL alone, with its whole process group, or by a `pkill -f` of its command line."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import (
+    XLARUN,
+    clean_env,
+    files_exist,
+    finish,
+    is_alive,
+    kill_all,
+    read_pid,
+    run_xlarun,
+    start_xlarun,
+    wait_for,
+    worker,
+)
+
+from xlarun.supervision.guard import GUARD_TITLE, OrphanGuard
+
+
+def pids(out_dir: Path, suffix: str) -> list[int]:
+    return [read_pid(out_dir / f"{rank}.{suffix}") for rank in (0, 1)]
+
+
+@pytest.mark.parametrize("mode, exit_code", [("exit-then-fail", 1), ("exit", 0)], ids=["failure", "success"])
+def test_grandchildren_of_exited_workers_are_torn_down(out_dir: Path, port: int, mode: str, exit_code: int) -> None:
+    """Workers exit leaving a child each (on failure: rank 0 exits 0, then rank 1 fails): no grandchild survives xlarun."""
+    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, worker("grandchild.py"), out_dir, mode)
+    grandchildren = pids(out_dir, "grandchild")
+    try:
+        assert result.returncode == exit_code, result.stderr
+        assert [pid for pid in grandchildren if is_alive(pid)] == []
+    finally:
+        kill_all(grandchildren)
+
+
+def test_grandchildren_are_torn_down_when_the_launcher_is_stopped(out_dir: Path, port: int) -> None:
+    launcher = start_xlarun("--nproc_per_node", "2", "--master_port", port, worker("grandchild.py"), out_dir, "wait")
+    wait_for(files_exist(*(out_dir / f"{rank}.ready" for rank in (0, 1))), "workers and their children")
+    launched = pids(out_dir, "ready") + pids(out_dir, "grandchild")
+    try:
+        launcher.send_signal(signal.SIGTERM)
+        assert finish(launcher).returncode == 128 + signal.SIGTERM
+        assert [pid for pid in launched if is_alive(pid)] == []
+    finally:
+        kill_all(launched)
+
+
+def kill_launcher(launcher: subprocess.Popen, mode: str, token: str) -> None:
+    """SIGKILL as each way of killing a launcher does it."""
+    if mode == "launcher":
+        launcher.kill()
+    elif mode == "process-group":
+        os.killpg(launcher.pid, signal.SIGKILL)
+    else:
+        # `pkill -9 -f xlarun`, narrowed by a token on this launcher's command line so that other
+        # launches on the machine are left alone; workers and the guard match only if they name xlarun.
+        subprocess.run(["pkill", "-9", "-f", f"xlarun.*{token}"], check=True)
+
+
+@pytest.mark.parametrize("mode", ["launcher", "process-group", "pkill-f"])
+def test_nothing_outlives_a_launcher_killed_with_sigkill(out_dir: Path, port: int, mode: str) -> None:
+    """torchrun orphans its workers here. xlarun's guard, outside the launcher's session and under
+    another name, kills every worker's group: workers and grandchildren are gone within a second."""
+    token = f"orphans-{uuid.uuid4().hex}"
+    # `setsid xlarun ...`: the launcher leads a process group of its own, as under job control or timeout.
+    launcher = subprocess.Popen([*XLARUN, "--rdzv_id", token, "--nproc_per_node", "2", "--master_port", str(port),
+                                 worker("grandchild.py"), str(out_dir), "wait"],
+                                env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(files_exist(*(out_dir / f"{rank}.ready" for rank in (0, 1))), "workers and their children")
+    launched = pids(out_dir, "ready") + pids(out_dir, "grandchild")
+    [guard] = [child.pid for child in psutil.Process(launcher.pid).children() if child.pid not in launched]
+    launched.append(guard)
+    try:
+        assert all(is_alive(pid) for pid in launched)
+        kill_launcher(launcher, mode, token)
+        wait_for(lambda: not any(is_alive(pid) for pid in launched), "every worker, grandchild and the guard to die",
+                 timeout=1.0)
+        assert finish(launcher).returncode == -signal.SIGKILL
+    finally:
+        kill_all(launched)
+
+
+def test_the_guard_stands_apart_from_the_launcher() -> None:
+    """What the kill modes rely on: its own session and group, a name without the launcher's, and
+    a clean exit when released."""
+    guard = OrphanGuard().start()
+    try:
+        guard.wait_ready()
+        assert os.getsid(guard.pid) == os.getpgid(guard.pid) == guard.pid != os.getsid(0)
+        command = Path(f"/proc/{guard.pid}/cmdline").read_bytes().replace(b"\0", b" ").strip()
+        assert command == f"{GUARD_TITLE} {os.getpid()}".encode()
+        assert Path(f"/proc/{guard.pid}/comm").read_text().strip() == GUARD_TITLE
+    finally:
+        guard.release()
+    assert not is_alive(guard.pid)
+
+
+GUARDED_LAUNCHER = """
+import os, signal, subprocess, sys, time
+from xlarun.supervision.guard import OrphanGuard
+
+guard = OrphanGuard().start()
+guard.wait_ready()
+kept, forgotten = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2))
+guard.watch(kept.pid)
+guard.watch(forgotten.pid)
+guard.forget(forgotten.pid)
+print(kept.pid, forgotten.pid, flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_the_guard_kills_the_groups_it_watches_and_not_those_it_forgot() -> None:
+    """A group the launcher saw end is forgotten, so a later process that reuses its number is safe."""
+    completed = subprocess.run([sys.executable, "-c", GUARDED_LAUNCHER], capture_output=True, text=True,
+                               env=clean_env(), timeout=60)
+    kept, forgotten = map(int, completed.stdout.split())
+    try:
+        assert completed.returncode == -signal.SIGKILL
+        wait_for(lambda: not is_alive(kept), "the watched group to die", timeout=1.0)
+        time.sleep(0.2)
+        assert is_alive(forgotten)
+    finally:
+        kill_all([kept, forgotten])

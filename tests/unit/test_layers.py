@@ -1,0 +1,114 @@
+"""The package's layers only look down, and the supervision layer stays small.
+
+Each module belongs to a layer: its subpackage (``cli``, ``planning``, ``supervision``,
+``rendezvous``, ``runtimes``, ``host``, ``worker``), or ``leaf`` for the shared modules directly
+under ``xlarun/``. :data:`MAY_IMPORT` says which layers each one may import; every ``import``
+in the package, at any depth (inside functions and ``TYPE_CHECKING`` blocks too), is checked
+against it.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+from helpers import REPO
+
+PACKAGE = REPO / "xlarun"
+LAYERS = ("cli", "planning", "supervision", "rendezvous", "runtimes", "host", "worker")
+MAY_IMPORT = {
+    "leaf": {"leaf"},
+    "host": {"leaf", "host"},
+    "runtimes": {"leaf", "host", "runtimes"},
+    "rendezvous": {"leaf", "host", "rendezvous"},
+    "planning": {"leaf", "host", "runtimes", "planning"},
+    "supervision": {"leaf", "host", "rendezvous", "supervision"},
+    "worker": {"leaf", "host", "runtimes", "planning", "worker"},
+    "cli": {"api", "leaf", "host", "runtimes", "rendezvous", "planning", "supervision", "cli"},
+    # The package itself: xlarun.record, and the worker helpers loaded on first use.
+    "api": {"leaf", "worker"},
+}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def layer_of(module: str) -> str:
+    parts = module.split(".")
+    if len(parts) == 1:
+        return "api"
+    if parts[1] == "__main__":
+        return "cli"
+    return parts[1] if parts[1] in LAYERS else "leaf"
+
+
+def is_module(name: str, root: Path) -> bool:
+    path = root.joinpath(*name.split("."))
+    return path.with_suffix(".py").exists() or (path / "__init__.py").exists()
+
+
+def imported_modules(path: Path, root: Path) -> set[str]:
+    """Every xlarun module ``path`` imports; ``from pkg import name`` counts as ``pkg.name`` when that is a module."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.update(f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}", root)
+                         else node.module for alias in node.names)
+    return {name for name in found if name == "xlarun" or name.startswith("xlarun.")}
+
+
+def upward_imports(package: Path) -> list[str]:
+    """Each import of a module in ``package`` that its layer may not make, as a line."""
+    root, violations = package.parent, []
+    for path in sorted(package.rglob("*.py")):
+        importer = module_name(path, root)
+        for imported in sorted(imported_modules(path, root)):
+            if layer_of(imported) not in MAY_IMPORT[layer_of(importer)]:
+                violations.append(f"{importer} ({layer_of(importer)}) imports {imported} ({layer_of(imported)})")
+    return violations
+
+
+def test_no_module_imports_up_a_layer() -> None:
+    assert upward_imports(PACKAGE) == []
+
+
+def test_an_upward_import_is_found(tmp_path: Path) -> None:
+    # The check itself, on a copy of one leaf that reaches for the option table.
+    (tmp_path / "xlarun" / "cli").mkdir(parents=True)
+    (tmp_path / "xlarun" / "cli" / "options.py").write_text("")
+    leaf = (PACKAGE / "flags.py").read_text() + "\nfrom xlarun.cli import options\n"
+    (tmp_path / "xlarun" / "flags.py").write_text(leaf)
+    assert upward_imports(tmp_path / "xlarun") == ["xlarun.flags (leaf) imports xlarun.cli.options (cli)"]
+
+
+def test_at_most_a_dozen_modules_sit_directly_under_the_package() -> None:
+    assert len(list(PACKAGE.glob("*.py"))) <= 12
+
+
+def test_the_worker_group_loads_neither_the_option_table_nor_a_runtime() -> None:
+    loaded = subprocess.run([sys.executable, "-c", "import sys, xlarun.supervision.group\n"
+                             "print(*sorted(m for m in sys.modules if m.startswith('xlarun')))"],
+                            capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    assert "xlarun.supervision.group" in loaded
+    assert len(loaded) <= 12, loaded
+    assert [name for name in loaded if name.startswith(("xlarun.cli", "xlarun.runtimes", "xlarun.planning"))] == []
+
+
+FLAG_CALL = re.compile(r"\bflag\(['\"]([a-z_]+)['\"]\)")
+
+
+def test_every_flag_spelt_in_the_package_names_an_option() -> None:
+    from xlarun.cli.options import OPTIONS_BY_DEST
+    from xlarun.flags import flag
+
+    spelt = {dest for path in PACKAGE.rglob("*.py") for dest in FLAG_CALL.findall(path.read_text())}
+    assert len(spelt) > 20
+    assert sorted(spelt - set(OPTIONS_BY_DEST)) == []
+    assert all(flag(dest) == option.display_name for dest, option in OPTIONS_BY_DEST.items())

@@ -1,0 +1,227 @@
+"""The multi-node rendezvous's parts in-process, against an in-memory store: seating, the news of an
+attempt's end, the monitor's judgement of silence, heartbeats that fail or hang, membership lines."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+import time
+
+import pytest
+
+from xlarun.console import StatusLine
+from xlarun.rendezvous import AttemptEnd
+from xlarun.rendezvous.joining import Member, Roster, Seat, membership_change, take_seat
+from xlarun.rendezvous.store import JobKeys
+from xlarun.rendezvous.watching import Heartbeat, Monitor, News, Watchdog, announce
+
+KEYS = JobKeys("job")
+
+
+class MemoryStore:
+    """The store calls the rendezvous makes, in memory; ``wait`` blocks until the keys exist."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, bytes] = {}
+        self.changed = threading.Condition()
+        self.stall = 0.0
+        self.hang = threading.Event()
+
+    def _put(self, key: str, value: bytes) -> None:
+        with self.changed:
+            self.data[key] = value
+            self.changed.notify_all()
+
+    def set(self, key: str, value: str) -> None:
+        self._put(key, value.encode())
+
+    def get(self, key: str) -> bytes:
+        return self.data[key]
+
+    def add(self, key: str, amount: int) -> int:
+        if self.hang.is_set():
+            threading.Event().wait()
+        with self.changed:
+            value = int(self.data.get(key, b"0")) + amount
+            self.data[key] = str(value).encode()
+            self.changed.notify_all()
+            return value
+
+    def check(self, keys: list[str]) -> bool:
+        return all(key in self.data for key in keys)
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        with self.changed:
+            current = self.data.get(key)
+            if (current is None and expected == "") or current == expected.encode():
+                self.data[key] = desired.encode()
+                self.changed.notify_all()
+            return self.data[key]
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
+        with self.changed:
+            if not self.changed.wait_for(lambda: self.check(keys), timeout.total_seconds()):
+                raise TimeoutError(f"no {keys}")
+
+    def multi_get(self, keys: list[str]) -> list[bytes]:
+        time.sleep(self.stall)
+        return [self.data[key] for key in keys]
+
+    def multi_set(self, keys: list[str], values: list[str]) -> None:
+        for key, value in zip(keys, values, strict=True):
+            self._put(key, value.encode())
+
+
+def wait_until(check, what: str, limit: float = 10.0) -> None:
+    deadline = time.monotonic() + limit
+    while not check():
+        assert time.monotonic() < deadline, f"gave up waiting for {what}"
+        time.sleep(0.01)
+
+
+def test_every_node_gets_its_seat_from_the_leader_in_node_rank_order() -> None:
+    store = MemoryStore()
+    seats: dict[int, Seat] = {}
+    # Node 1 runs three workers, the others one: global ranks follow node ranks.
+    members = {0: Member(7, "host-a", 1), 1: Member(3, "host-b", 3), 2: Member(9, "host-c", 1)}
+
+    def lead(records: list[Member]) -> list[Seat]:
+        assert records == [members[0], members[1], members[2]]
+        offsets = [0, 1, 4]
+        return [Seat(attempt=0, node_rank=rank, nnodes=3, rank_offset=offsets[rank], world_size=5, master_addr="a",
+                     master_port=1, store_node=0, change="") for rank in range(3)]
+
+    def node(rank: int) -> None:
+        seats[rank] = take_seat(store, "attempt_0/", rank, 3, members[rank], lead, time.monotonic() + 30,
+                                StatusLine(), "waiting for nodes", "joined")
+
+    threads = [threading.Thread(target=node, args=(rank,)) for rank in (2, 0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert [(seats[rank].node_rank, seats[rank].rank_offset, seats[rank].world_size) for rank in range(3)] == \
+        [(0, 0, 5), (1, 1, 5), (2, 4, 5)]
+
+
+def test_the_first_news_of_an_attempt_is_the_one_every_node_reads() -> None:
+    store = MemoryStore()
+    announce(store, KEYS, 3, News("failure", "rank 2 on node 1 failed (exit code 3)"))
+    announce(store, KEYS, 3, News("done"))
+    news = News.decode(store.get(KEYS.attempt(3, "end")))
+
+    assert news == News("failure", "rank 2 on node 1 failed (exit code 3)")
+    assert news.end() == AttemptEnd(succeeded=False)
+    assert News.decode(News("done").encode().encode()).end() == AttemptEnd(succeeded=True)
+    assert News("lost", "node 2 stopped responding").end() == AttemptEnd(False, lost="node 2 stopped responding")
+    assert News("admit", "1 node waiting to join").end() == AttemptEnd(False, admitting=True)
+
+
+def test_membership_changes_name_the_nodes_that_left_and_came() -> None:
+    before = Roster((Member(1, "a", 1), Member(2, "b", 1), Member(3, "c", 1)))
+    after = Roster((Member(1, "a", 1), Member(2, "b", 1)))
+    late = Roster((Member(1, "a", 1), Member(4, "d", 1), Member(2, "b", 1)))
+
+    assert membership_change(before, after) == "node 2 (c) left"
+    assert membership_change(after, late) == "d joined as node 1"
+    assert membership_change(before, before) == ""
+    assert Roster.decode(late.encode().encode()) == late
+
+
+def start_monitor(store: MemoryStore, timeout: float = 0.25, interval: float = 0.02) -> Monitor:
+    """A monitor of attempt 0, whose nodes are agents 1 (node 0) and 2 (node 1)."""
+    roster = Roster((Member(1, "a", 1), Member(2, "b", 1)))
+    store.set(KEYS.attempt(0, "roster"), roster.encode())
+    store.add(KEYS("published"), 1)
+    for agent in (1, 2):
+        store.add(KEYS.heartbeat(agent), 1)
+    monitor = Monitor(store, KEYS, timeout, interval, StatusLine(), 0)
+    monitor.start()
+    return monitor
+
+
+def beating(store: MemoryStore, agent: int, stop: threading.Event, interval: float = 0.02) -> threading.Thread:
+    def beat() -> None:
+        while not stop.wait(interval):
+            store.add(KEYS.heartbeat(agent), 1)
+
+    thread = threading.Thread(target=beat, daemon=True)
+    thread.start()
+    return thread
+
+
+def test_a_silent_node_is_declared_lost_once_and_its_rank_set_free() -> None:
+    store = MemoryStore()
+    stop = threading.Event()
+    beating(store, 1, stop)
+    monitor = start_monitor(store)
+    try:
+        wait_until(lambda: store.check([KEYS.attempt(0, "end")]), "the monitor to end the attempt")
+    finally:
+        stop.set()
+        monitor.stop()
+
+    assert News.decode(store.get(KEYS.attempt(0, "end"))) == \
+        News("lost", "node 1 stopped responding (no heartbeat for 0.25 s)")
+    assert store.check([KEYS("gone", 2)]) and not store.check([KEYS("gone", 1)])
+    assert monitor.gone_from(0) == 1
+
+
+def test_time_the_store_took_to_answer_is_nobodys_silence() -> None:
+    # The store answers each read after 0.4 s, longer than the heartbeat timeout; the nodes beat on.
+    store = MemoryStore()
+    store.stall = 0.4
+    stop = threading.Event()
+    for agent in (1, 2):
+        beating(store, agent, stop)
+    monitor = start_monitor(store)
+    time.sleep(1.3)
+    stop.set()
+    monitor.stop()
+
+    assert not store.check([KEYS.attempt(0, "end")])
+
+
+def test_a_node_that_left_on_purpose_is_not_silent() -> None:
+    store = MemoryStore()
+    stop = threading.Event()
+    beating(store, 1, stop)
+    monitor = start_monitor(store)
+    store.set(KEYS.heartbeat(2), "left")
+    time.sleep(0.5)
+    stop.set()
+    monitor.stop()
+
+    assert not store.check([KEYS.attempt(0, "end")])
+
+
+@pytest.mark.parametrize("failure", ["raises", "hangs"])
+def test_a_store_that_fails_or_hangs_a_heartbeat_is_reported_lost_once(failure: str) -> None:
+    store = MemoryStore()
+    lost: list[BaseException] = []
+    if failure == "raises":
+        store.add = None  # calling it raises TypeError, as a closed connection raises its error
+    else:
+        store.hang.set()
+    beat = Heartbeat(store, KEYS.heartbeat(1), interval=0.02, limit=0.2, on_lost=lost.append,
+                     watchdog=Watchdog(check_interval=0.05))
+    beat.start()
+    wait_until(lambda: lost, "the heartbeat to report the store lost")
+    # Past the watchdog's next looks: the loss is reported once.
+    time.sleep(0.2)
+
+    assert len(lost) == 1
+    if failure == "raises":
+        assert isinstance(lost[0], TypeError)
+        beat.stop()
+    else:
+        assert isinstance(lost[0], TimeoutError) and str(lost[0]) == "no answer to a heartbeat for 0.2 s"
+
+
+def test_the_seat_round_trips_through_the_store() -> None:
+    seat = Seat(attempt=2, node_rank=1, nnodes=3, rank_offset=4, world_size=9, master_addr="10.0.0.1",
+                master_port=41000, store_node=None, change="node 2 (c) left")
+    assert Seat.decode(seat.encode().encode()) == seat
+    assert json.loads(seat.encode())["store_node"] is None

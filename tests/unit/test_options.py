@@ -1,0 +1,165 @@
+"""Unit layer: the option table, parsing, and every refusal of bad input, in-process.
+
+Each case goes through the same two steps a launch takes before anything starts
+(``parse_command_line`` and ``prepare_launch``); ``test_bad_input.py`` launches a few of
+them for real to show that a refusal starts nothing.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from helpers import prepare, refusal
+
+from xlarun.cli.command import parse_command_line, split_command_line
+from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, TORCHRUN, read_options
+from xlarun.config import NprocRequest
+
+# (launcher flags before the script, PET_* or other variables, text the error line must hold)
+BAD_INPUTS = {
+    "nnodes three fields": (["--nnodes", "1:2:3"], {}, "--nnodes='1:2:3'"),
+    "nnodes zero": (["--nnodes", "0"], {}, "0 < MIN <= MAX"),
+    "nnodes min above max": (["--nnodes", "3:2"], {}, "0 < MIN <= MAX"),
+    "nnodes not a number": (["--nnodes", "two"], {}, "--nnodes='two'"),
+    "nnodes range with static rendezvous": (["--nnodes", "1:2"], {}, "--rdzv-backend=c10d"),
+    "nproc zero": (["--nproc_per_node", "0"], {}, "--nproc-per-node='0'"),
+    "nproc negative": (["--nproc_per_node", "-2"], {}, "--nproc-per-node='-2'"),
+    "nproc word": (["--nproc_per_node", "many"], {}, "auto, cpu or gpu"),
+    "nproc gpu without gpus": (["--nproc_per_node", "gpu"], {}, "--nproc-per-node='gpu' found no visible GPU"),
+    "nproc with spmd": (["--spmd", "--nproc_per_node", "2"], {}, "--nproc-per-node='2' cannot run under SPMD"),
+    "master port out of range": (["--master_port", "65536"], {}, "0..65535"),
+    "master port not a number": (["--master_port", "http"], {}, "--master-port='http'"),
+    "node rank out of range": (["--nnodes", "2", "--node_rank", "2"], {}, "must be 0..1"),
+    "node rank negative": (["--node_rank", "-1"], {}, "non-negative"),
+    "redirects value": (["--redirects", "4"], {}, "0-3"),
+    "redirects mapping": (["-r", "0:1,1:9"], {}, "LOCAL_RANK:0-3"),
+    "tee garbage": (["-t", "all"], {}, "--tee='all'"),
+    "tee trailing comma": (["--tee", "0:1,"], {}, "--tee='0:1,'"),
+    "local ranks filter": (["--local-ranks-filter", "0,x"], {}, "comma-separated"),
+    "max restarts negative": (["--max-restarts", "-1"], {}, "non-negative"),
+    "monitor interval zero": (["--monitor-interval", "0"], {}, "positive"),
+    "rendezvous backend": (["--rdzv-backend", "zookeeper"], {}, "static, c10d"),
+    "etcd rendezvous": (["--rdzv-backend", "etcd"], {}, "not supported by xlarun"),
+    "rendezvous endpoint": (["--rdzv-backend", "c10d", "--rdzv-endpoint", "[::1"], {}, "[addr]:port"),
+    "rendezvous conf": (["--rdzv-conf", "timeout"], {}, "key=value"),
+    "start method": (["--start-method", "thread"], {}, "spawn, fork, forkserver"),
+    "numa binding": (["--numa-binding", "everywhere"], {}, "node, socket"),
+    "logs specs": (["--logs-specs", "fancy"], {}, "--logs-specs='fancy'"),
+    "kill timeout negative": (["--kill-timeout", "-1"], {}, "--kill-timeout='-1'"),
+    "kill timeout word": (["--kill-timeout", "soon"], {}, "--kill-timeout='soon'"),
+    "kill timeout infinite": (["--kill-timeout", "inf"], {}, "--kill-timeout='inf'"),
+    "summary file is a directory": (["--summary-file", "/"], {}, "--summary-file='/'"),
+    "device": (["--device", "gpu"], {}, "--device='gpu' is invalid: expected one of auto, tpu"),
+    "device from the environment": ([], {"XLARUN_DEVICE": "fpga"}, "--device (from XLARUN_DEVICE)='fpga'"),
+    "runtime": (["--runtime", "grpc"], {}, "--runtime='grpc' is invalid: expected one of auto, pjrt, xrt"),
+    "cluster": (["--cluster", "pbs"], {}, "--cluster='pbs' is invalid: expected one of none, auto, slurm"),
+    "virtual devices": (["--virtual-devices", "0"], {}, "--virtual-devices='0'"),
+    "virtual devices off cpu": (["--device", "tpu", "--virtual-devices", "2"], {}, "cpu device only"),
+    "coordinator port": (["--coordinator-port", "70000"], {}, "--coordinator-port='70000'"),
+    "coordinator port is the master port": (["--coordinator-port", "29500"], {}, "is the master port"),
+    "spmd with xrt": (["--spmd", "--runtime", "xrt"], {}, "SPMD needs the PJRT runtime"),
+    "unknown option": (["--nproc_per_node", "1", "--turbo"], {}, "--turbo"),
+    "unknown short option": (["-x"], {}, "-x"),
+    "ambiguous prefix": (["--no"], {}, "--no-python"),
+    "flag given a value": (["--standalone=1"], {}, "--standalone"),
+    "option without its value at the end": (["--nproc_per_node"], {}, "--nproc_per_node: expected one argument"),
+    "module with no-python": (["-m", "--no-python"], {}, "'--no-python' flag and the '--module' flag"),
+    "run-path with module": (["--run-path", "-m"], {}, "--run-path"),
+    "standalone with several nodes": (["--standalone", "--nnodes", "2"], {}, "--standalone"),
+    "bad PET value": ([], {"PET_NPROC_PER_NODE": "lots"}, "--nproc-per-node (from PET_NPROC_PER_NODE)='lots'"),
+    "bad PET boolean": ([], {"PET_STANDALONE": "yes"}, "PET_STANDALONE"),
+    "bad PET nnodes": ([], {"PET_NNODES": "1:2:3"}, "PET_NNODES"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUTS))
+def test_bad_input_is_refused_with_one_line(case: str) -> None:
+    flags, env, expected = BAD_INPUTS[case]
+    script = [] if case == "option without its value at the end" else ["train.py"]
+    assert expected in refusal(*flags, *script, env=env)
+
+
+def test_missing_script_is_refused() -> None:
+    assert "training_script" in refusal("--nproc_per_node", "2")
+
+
+def test_summary_file_below_a_file_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "plain").write_text("")
+    assert "is not a directory" in refusal("--summary-file", str(tmp_path / "plain" / "summary.json"), "train.py")
+
+
+def test_help_answers_without_a_command_line() -> None:
+    assert parse_command_line(["--help"]) is None
+
+
+def test_each_row_has_a_unique_dest_and_spellings() -> None:
+    spellings = [name for option in OPTIONS for name in option.spellings]
+    assert len(spellings) == len(set(spellings))
+    assert len(OPTIONS_BY_DEST) == len(OPTIONS)
+    assert all(option.help for option in OPTIONS)
+
+
+def test_every_default_parses_as_its_row_says() -> None:
+    values = read_options({}, {})
+    assert values["nproc_per_node"] == NprocRequest(count=1)
+    assert values["nnodes"] == (1, 1)
+    assert values["master_port"] == 29500
+    assert values["kill_timeout"] == 30.0
+    assert values["standalone"] is False and values["dry_run"] is False
+    assert values["summary_file"] is None
+
+
+def test_pet_variables_stand_in_for_torchruns_flags_only() -> None:
+    pet = {"PET_" + option.dest.upper(): "1" for option in OPTIONS if option.owner != TORCHRUN}
+    values = read_options({}, {**pet, "PET_MAX_RESTARTS": "3"})
+    assert values["max_restarts"] == 3
+    assert values["dry_run"] is False and values["spmd"] is False
+    assert values.source("max_restarts") == "--max-restarts (from PET_MAX_RESTARTS)"
+
+
+def test_a_flag_wins_over_its_variable() -> None:
+    values = read_options({"max_restarts": "1"}, {"PET_MAX_RESTARTS": "3"})
+    assert (values["max_restarts"], values.source("max_restarts")) == (1, "--max-restarts")
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--nproc_per_n=2", "t.py"], (["--nproc_per_node=2"], "t.py", [])),
+    (["--nproc-per-n", "2", "t.py", "--x"], (["--nproc-per-node", "2"], "t.py", ["--x"])),
+    (["--", "t.py", "a"], ([], "t.py", ["a"])),
+    (["t.py", "--", "a"], ([], "t.py", ["a"])),
+    (["-r3", "t.py"], (["-r3"], "t.py", [])),
+    (["--standalone"], (["--standalone"], None, [])),
+])
+def test_split_follows_argparse(argv: list[str], expected: tuple[list[str], str, list[str]]) -> None:
+    assert split_command_line(argv) == expected
+
+
+def test_worker_count_is_resolved_once_into_the_config() -> None:
+    assert prepare("--nproc_per_node", "3", "t.py").config.nproc_per_node == 3
+    assert prepare("--nproc_per_node", "cpu", "t.py").config.nproc_per_node == os.cpu_count()
+    assert prepare("--spmd", "--nproc_per_node", "auto", "--device", "cpu", "--dry-run", "t.py") \
+        .config.nproc_per_node == 1
+
+
+def test_users_own_variables_are_notices_not_prints(capsys: pytest.CaptureFixture[str]) -> None:
+    prepared = prepare("--device", "cpu", "--virtual-devices", "4", "t.py", env={"CPU_NUM_DEVICES": "2"})
+    assert prepared.notices == ("keeping your own CPU_NUM_DEVICES from the environment instead of the values "
+                                "xlarun would set",)
+    assert capsys.readouterr() == ("", "")
+
+
+
+@pytest.mark.parametrize("store", [("--rdzv_backend", "c10d", "--rdzv_endpoint", "10.0.0.1:29400"),
+                                   ("--rdzv_endpoint", "10.0.0.1:29400", "--node_rank", "1")],
+                         ids=["c10d", "static endpoint"])
+def test_a_coordinator_port_is_checked_against_the_master_port_the_run_will_use(store: tuple[str, ...]) -> None:
+    """29500 is no master port here: c10d's is picked at the rendezvous, and a static endpoint's
+    port is the master port."""
+    assert prepare("--nnodes", "2", "--coordinator-port", "29500", *store, "--dry-run", "t.py").config.max_nodes == 2
+
+
+def test_a_coordinator_port_on_a_static_endpoints_port_is_refused() -> None:
+    assert "coordinator port 29400 is the master port" in refusal(
+        "--nnodes", "2", "--node_rank", "1", "--rdzv_endpoint", "10.0.0.1:29400", "--coordinator-port", "29400", "t.py")

@@ -1,0 +1,47 @@
+"""``--rdzv-conf``: checked only where the chosen backend reads a key, and only as torchrun checks it.
+
+torchrun 2.9's static handler reads ``timeout`` (``int()``); its c10d handler reads the
+``*_timeout``, ``keep_alive_*``, ``read_timeout`` and ``is_host`` keys and never ``timeout``.
+Everything else, however spelt (even with the quotes a shell never stripped), is ignored.
+"""
+
+from __future__ import annotations
+
+import pytest
+from helpers import prepare, refusal
+
+QUOTED = "'join_timeout=5,last_call_timeout=1,timeout=5'"
+"""What a test harness passes when it builds the command line without a shell: the quotes stay."""
+
+
+def c10d(port: int, nnodes: str = "1") -> list[str]:
+    return ["--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}"]
+
+
+@pytest.mark.parametrize("conf", ["timeout=abc", QUOTED, "keep_alive=x,store_type=file", "'is_host=maybe'"])
+def test_keys_c10d_does_not_read_are_not_checked(conf: str) -> None:
+    # A c10d plan goes through the same checks as a launch, without meeting any node.
+    config = prepare("--rdzv-backend", "c10d", "--rdzv-conf", conf, "--dry-run", "t.py").config
+    assert config.rdzv_backend == "c10d"
+
+
+@pytest.mark.parametrize("backend, conf, message", [
+    ("c10d", "join_timeout=abc", "join_timeout='abc' is invalid: the c10d rendezvous reads it as a positive"),
+    ("c10d", "last_call_timeout=0", "last_call_timeout='0'"),
+    ("c10d", "read_timeout=-1", "read_timeout='-1'"),
+    ("c10d", "is_host=maybe", "is_host='maybe' is invalid: the c10d rendezvous reads it as true or false"),
+    ("static", "timeout=abc", "timeout='abc' is invalid: the static rendezvous reads it as a whole number"),
+    ("static", "timeout=5'", "timeout=\"5'\""),
+])
+def test_a_value_the_backend_reads_is_checked_as_torchrun_checks_it(backend: str, conf: str, message: str) -> None:
+    assert message in refusal("--rdzv-backend", backend, "--rdzv-conf", conf, "--dry-run", "t.py")
+
+
+@pytest.mark.parametrize("conf", ["a=1,", "a", "=1", "a= "])
+def test_every_item_needs_a_key_and_a_value_as_in_torchrun(conf: str) -> None:
+    assert "is not key=value" in refusal("--rdzv-conf", conf, "t.py")
+
+
+@pytest.mark.parametrize("conf", ["is_host=t", "is_host=N", "is_host=Yes"])
+def test_is_host_takes_torchs_words(conf: str) -> None:
+    assert prepare("--rdzv-backend", "c10d", "--rdzv-conf", conf, "--dry-run", "t.py").config.rdzv_conf

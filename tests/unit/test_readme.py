@@ -1,0 +1,74 @@
+"""The README's references match the code: links, summary-file keys, environment variables, paths,
+the Python requirement, and every command line it shows is one the tests check
+(``tests/launch/test_readme.py`` plans each of them)."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import tomllib
+from helpers import REPO
+from readme import OTHER_PROGRAMS, README, readme_commands, section
+
+COMMANDS, OTHERS = readme_commands()
+
+
+def test_the_readme_shows_many_commands_and_nothing_unchecked() -> None:
+    assert len(COMMANDS) >= 30, [command.line for command in COMMANDS]
+    assert set(OTHERS) <= OTHER_PROGRAMS, OTHERS
+
+
+def test_internal_links_lead_to_a_heading() -> None:
+    text = README.read_text()
+    anchors = {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+               for heading in re.findall(r"^#+ (.*)$", text, flags=re.MULTILINE)}
+    assert set(re.findall(r"\]\(#([^)]+)\)", text)) <= anchors
+
+
+def test_summary_file_schema_names_the_real_keys() -> None:
+    from xlarun.failures import FailureRecord
+    from xlarun.supervision.group import WorkerResult
+    from xlarun.supervision.report import RunSummary
+
+    documented = section("Summary file")
+    summary = RunSummary(run_id="job")
+    summary.add_attempt(0, [WorkerResult(local_rank=0, rank=0, pid=1, started_at=0.0, returncode=-9)])
+    keys = [field.name for field in dataclasses.fields(RunSummary)]
+    keys += [field.name for field in dataclasses.fields(FailureRecord)] + ["exit_status", "signal"]
+    keys += list(summary.attempts[0]) + list(summary.attempts[0]["workers"][0])
+    assert [key for key in keys if f"`{key}`" not in documented] == []
+
+
+def code_variables() -> set[str]:
+    """Every environment variable name written in xlarun's code (quoted, upper case, with an underscore)."""
+    names: set[str] = set()
+    for path in (REPO / "xlarun").rglob("*.py"):
+        names.update(re.findall(r"[\"']([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)[\"']", path.read_text()))
+    # Not variables: a positional argument's name, a sysconf name, a PJRT_DEVICE value.
+    return names - {"TRAINING_SCRIPT", "SC_CLK_TCK", "TPU_LEGACY"}
+
+
+def test_every_variable_xlarun_sets_or_reads_is_in_the_reference() -> None:
+    documented = section("Environment variables")
+    assert sorted(name for name in code_variables() if f"`{name}`" not in documented) == []
+    for name in ("XLARUN_DEVICE", "XLARUN_CLUSTER", "XLARUN_RDZV_TOKEN", "XLARUN_DEBUG", "XLARUN_HOST_ROOT",
+                 "XLARUN_LAUNCHED"):
+        assert f"`{name}`" in documented
+
+
+def test_the_first_lines_and_development_start_with_the_two_scripts() -> None:
+    scripts = "```bash\nscripts/demo.sh"
+    assert README.read_text().startswith("# xlarun\n\n" + scripts)
+    assert section("Development").startswith("\n## Development\n\n" + scripts)
+    assert "scripts/test.sh" in section("Development").split("```")[1]
+
+
+def test_python_requirement_matches_pyproject() -> None:
+    assert tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["requires-python"] == ">=3.10"
+    assert "Python 3.10 or newer" in section("Install")
+
+
+def test_paths_the_readme_names_exist() -> None:
+    for path in set(re.findall(r"`((?:examples|scripts|tests)/[\w./-]+)`", README.read_text())):
+        assert (REPO / path).exists(), path

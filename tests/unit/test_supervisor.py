@@ -1,0 +1,199 @@
+"""The supervisor's event loop against stand-in processes: no process is started.
+
+Each :class:`FakeProcess` is driven through pipes: its "pidfd" becomes readable when the test
+(or a signal sent to its group) ends it, and its stderr is a pipe the test writes to.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import subprocess
+from pathlib import Path
+from typing import IO
+
+import pytest
+
+from xlarun.supervision.group import GroupOutcome, WorkerGroup, WorkerResult
+from xlarun.supervision.process import StreamTarget, WorkerSpec
+from xlarun.supervision.relay import StreamPlan, WorkerLogPlan
+from xlarun.supervision.signals import RELAYED_SIGNALS
+
+_pids = itertools.count(100000)
+
+
+class FakeProcess:
+    """A worker that exits at once with ``exit_code`` (when given), with 0 when ``finishes_on`` reaches
+    its group, or dies of any other signal but SIGUSR1, SIGUSR2 and those it ``ignores``."""
+
+    def __init__(self, spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget, *,
+                 exit_code: int | None = None, ignores: tuple[int, ...] = (), finishes_on: int | None = None,
+                 stderr_text: bytes = b""):
+        self.pid = next(_pids)
+        self.spec = spec
+        self.signals: list[int] = []
+        self.ignores = ignores
+        self.finishes_on = finishes_on
+        self.returncode: int | None = None
+        self._exit_read, self._exit_write = os.pipe()
+        self.stdout: IO[bytes] | None = None
+        self.stderr: IO[bytes] | None = None
+        self._stderr_write: int | None = None
+        if stderr == subprocess.PIPE:
+            read, self._stderr_write = os.pipe()
+            self.stderr = os.fdopen(read, "rb", buffering=0)
+            os.write(self._stderr_write, stderr_text)
+        if exit_code is not None:
+            self.end(exit_code)
+
+    def end(self, returncode: int) -> None:
+        if self.returncode is not None:
+            return
+        self.returncode = returncode
+        if self._stderr_write is not None:
+            os.close(self._stderr_write)
+        os.write(self._exit_write, b"x")
+        os.close(self._exit_write)
+
+    def open_pidfd(self) -> int:
+        return os.dup(self._exit_read)
+
+    def reap(self) -> int:
+        assert self.returncode is not None, "reaped before it ended"
+        os.close(self._exit_read)
+        return self.returncode
+
+    def signal_group(self, number: int) -> bool:
+        if number == 0:
+            return self.returncode is None
+        self.signals.append(number)
+        if number == self.finishes_on:
+            self.end(0)
+        elif number not in self.ignores and number not in RELAYED_SIGNALS:
+            self.end(-number)
+        return True
+
+    def open_straggler_pidfds(self) -> list[int]:
+        return []
+
+
+class FakeInbox:
+    """The launcher's signals as the loop reads them, without installing handlers in the test process."""
+
+    def __init__(self) -> None:
+        self.fd, self._write = os.pipe()
+        os.set_blocking(self.fd, False)
+        self.pending: list[int] = []
+
+    def send(self, number: int) -> None:
+        self.pending.append(number)
+        os.write(self._write, bytes([number]))
+
+    def drain(self) -> list[int]:
+        try:
+            os.read(self.fd, 512)
+        except BlockingIOError:
+            pass
+        received, self.pending = self.pending, []
+        return received
+
+
+def spec(local_rank: int) -> WorkerSpec:
+    quiet = StreamPlan()
+    logs = WorkerLogPlan(directory="", error_file=f"/nonexistent/{local_rank}/error.json", stdout=quiet,
+                         stderr=StreamPlan(relay=True))
+    return WorkerSpec(local_rank=local_rank, rank=local_rank, argv=["train.py"], env={}, logs=logs)
+
+
+def run_group(behaviour: dict[int, dict[str, object]], *, inbox: FakeInbox | None = None,
+              kill_timeout: float = 30.0, count: int = 2,
+              failures: list[WorkerResult] | None = None) -> tuple[GroupOutcome, list[FakeProcess]]:
+    """Run ``count`` fake workers; ``behaviour[local_rank]`` holds FakeProcess's keyword arguments
+    (or ``{"cannot_start": True}``)."""
+    started: list[FakeProcess] = []
+
+    def start(worker_spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget) -> FakeProcess:
+        options = dict(behaviour.get(worker_spec.local_rank, {}))
+        if options.pop("cannot_start", False):
+            raise FileNotFoundError(2, "No such file or directory")
+        process = FakeProcess(worker_spec, stdout, stderr, **options)  # type: ignore[arg-type]
+        started.append(process)
+        return process
+
+    group = WorkerGroup([spec(rank) for rank in range(count)], kill_timeout=kill_timeout,
+                        on_failure=None if failures is None else failures.append, start_process=start)
+    return group.run(inbox or FakeInbox()), started  # type: ignore[arg-type]
+
+
+def test_a_failure_stops_the_peers_and_is_the_only_failure_reported() -> None:
+    reported: list[WorkerResult] = []
+    outcome, (first, second) = run_group({1: {"exit_code": 3, "stderr_text": b"boom\nRuntimeError: bad\n"}},
+                                         failures=reported)
+    assert [result.returncode for result in outcome.results] == [-signal.SIGTERM, 3]
+    assert [result.local_rank for result in outcome.failures] == [1] == [result.local_rank for result in reported]
+    assert outcome.failures[0].stderr_tail == ["boom", "RuntimeError: bad"]
+    assert first.signals == [signal.SIGTERM]
+    assert outcome.launcher_signal is None and not outcome.succeeded
+
+
+def test_success_when_every_worker_exits_zero() -> None:
+    outcome, processes = run_group({0: {"exit_code": 0}, 1: {"exit_code": 0}})
+    assert outcome.succeeded
+    assert [result.returncode for result in outcome.results] == [0, 0]
+    # Teardown still reaches the groups: children that exited workers left behind end with them.
+    assert all(process.signals == [signal.SIGTERM] for process in processes)
+
+
+def test_a_worker_that_ignores_sigterm_gets_sigkill_at_the_deadline() -> None:
+    outcome, (stubborn, _) = run_group({0: {"ignores": (signal.SIGTERM,)}, 1: {"exit_code": 1}}, kill_timeout=0.05)
+    assert stubborn.signals == [signal.SIGTERM, signal.SIGKILL]
+    assert [result.returncode for result in outcome.results] == [-signal.SIGKILL, 1]
+
+
+def test_a_stop_signal_is_forwarded_and_recorded() -> None:
+    inbox = FakeInbox()
+    inbox.send(signal.SIGTERM)
+    outcome, processes = run_group({}, inbox=inbox)
+    assert outcome.launcher_signal == signal.SIGTERM
+    assert outcome.failures == []
+    assert all(process.signals == [signal.SIGTERM] for process in processes)
+
+
+def test_sigusr1_reaches_every_worker_and_the_run_goes_on() -> None:
+    inbox = FakeInbox()
+    inbox.send(signal.SIGUSR1)
+    # Both finish once the signal reached them: the run was not stopped on its account.
+    outcome, processes = run_group({0: {"finishes_on": signal.SIGUSR1}, 1: {"finishes_on": signal.SIGUSR1}},
+                                   inbox=inbox)
+    assert outcome.succeeded
+    assert all(process.signals == [signal.SIGUSR1, signal.SIGTERM] for process in processes)
+
+
+def test_a_worker_that_cannot_start_stops_those_already_started() -> None:
+    outcome, started = run_group({1: {"cannot_start": True}}, count=3)
+    assert [process.spec.local_rank for process in started] == [0]
+    assert started[0].signals == [signal.SIGTERM]
+    assert outcome.stop_reason == "cannot start local rank 1: train.py: No such file or directory"
+    assert [result.local_rank for result in outcome.results] == [0]
+
+
+@pytest.mark.parametrize("second_signal", [signal.SIGTERM, signal.SIGINT])
+def test_a_second_stop_signal_skips_the_grace_period(second_signal: int) -> None:
+    inbox = FakeInbox()
+    inbox.send(signal.SIGTERM)
+    inbox.send(second_signal)
+    outcome, (stubborn, _) = run_group({0: {"ignores": (signal.SIGTERM,)}}, inbox=inbox, kill_timeout=600)
+    assert stubborn.signals == [signal.SIGTERM, signal.SIGKILL]
+    assert outcome.launcher_signal == signal.SIGTERM
+
+
+def test_a_stop_asked_for_after_the_group_is_gone_writes_nowhere(tmp_path: Path) -> None:
+    """A rendezvous watcher may pass on news after the loop closed its stop pipe."""
+    group = WorkerGroup([spec(0)], start_process=lambda worker_spec, stdout, stderr:  # type: ignore[arg-type,return-value]
+                        FakeProcess(worker_spec, stdout, stderr, exit_code=0))
+    assert group.run(FakeInbox()).succeeded  # type: ignore[arg-type]
+    bystander = tmp_path / "bystander"
+    with open(bystander, "wb"):  # it may get the pipe's descriptor numbers, now free
+        group.request_stop("news that came late")
+    assert bystander.read_bytes() == b""

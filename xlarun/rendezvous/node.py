@@ -1,0 +1,322 @@
+"""A node of a multi-node job: joining the job's store, heartbeats, each attempt's end, leaving.
+
+Made for multi-node launches only, by :func:`~xlarun.rendezvous.multi_node_rendezvous`::
+
+    rendezvous = multi_node_rendezvous(config, environ)   # a NodeRendezvous; nothing is contacted yet
+    node = rendezvous.assign(attempt, nproc_per_node)     # the first call joins the job's store
+    rendezvous.watch(stop); ...; end = rendezvous.finish_attempt(succeeded)
+    rendezvous.close()
+
+The backend decides who serves the store, who takes part and how each attempt is seated:
+one :class:`~xlarun.rendezvous.joining.Seating`, chosen once (:mod:`~xlarun.rendezvous.static`,
+:mod:`~xlarun.rendezvous.c10d`). The rest is the same for both and is here.
+
+One TCPStore serves the whole job; it listens only on the address it was given. Workers
+see a store as torchrun's agent store (``TORCHELASTIC_USE_AGENT_STORE=True``, keys under
+``/worker/attempt_<n>``), so ``env://``, ``tcp://`` and ``xla://`` all find it: the job's
+own on the first static attempt, otherwise one that node rank 0's agent serves for that
+attempt alone. The agents' own keys are listed at :class:`~xlarun.rendezvous.store.JobKeys`;
+seating an attempt is described in :mod:`~xlarun.rendezvous.joining`, watching it in
+:mod:`~xlarun.rendezvous.watching`.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import dataclasses
+import json
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from xlarun.config import LaunchConfig
+from xlarun.console import StatusLine
+from xlarun.exceptions import LaunchError
+from xlarun.failures import FailureRecord
+from xlarun.ranks import NodeAssignment
+from xlarun.rendezvous import AttemptEnd
+from xlarun.rendezvous.joining import (
+    Member,
+    Roster,
+    Seat,
+    Seating,
+    announce_change,
+    check_job,
+    read_roster,
+    seat_attempt,
+)
+from xlarun.rendezvous.store import (
+    CALL_TIMEOUT,
+    Client,
+    Connector,
+    JobKeys,
+    lost_store_is_one_line,
+    lost_store_line,
+    open_job_store,
+    serve_store,
+)
+from xlarun.rendezvous.watching import (
+    DONE,
+    LEFT,
+    LEFT_BEAT,
+    EndWatch,
+    Heartbeat,
+    Monitor,
+    News,
+    announce,
+    wait_for_end,
+    wait_until_left,
+)
+
+
+class NodeRendezvous:
+    """The multi-node :class:`~xlarun.rendezvous.Rendezvous` (see the module docstring).
+
+    Made by :func:`~xlarun.rendezvous.multi_node_rendezvous`, with the seating of the config's
+    backend (which shares ``keys`` and ``status``); ``connector`` opens each connection to the store.
+    """
+
+    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], seating: Seating, keys: JobKeys,
+                 status: StatusLine, connector: Connector):
+        self._config = config
+        self._seating = seating
+        self._timeouts = seating.timeouts
+        self._token = config.rdzv_conf.get("token") or environ.get("XLARUN_RDZV_TOKEN", "")
+        self._keys = keys
+        self._status = status
+        self._connector = connector
+        self._host = config.local_addr or socket.getfqdn()
+        self._store_host = ""
+        self._store_port = 0
+        self._serving = False
+        # One connection per thread that may block: a TCPStore client serialises its calls.
+        self._store: Client | None = None
+        self._watch_client: Client | None = None
+        self._beats: Heartbeat | None = None
+        self._monitor: Monitor | None = None
+        self._agent = 0
+        self._seat: Seat | None = None
+        self._roster: Roster | None = None
+        self._watch: EndWatch | None = None
+        self._stop: Callable[[str], None] | None = None
+        self._lock = threading.Lock()
+        self._lost: str | None = None
+        self._worker_store_server: Any = None
+
+    # -- joining ------------------------------------------------------------------------------
+
+    def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
+        """Seat this node in the job's next attempt, joining the job's store on the first call.
+
+        ``attempt`` is not read: the job numbers its attempts, and a node that joins late takes
+        the number the others run under (see :meth:`~xlarun.rendezvous.Rendezvous.assign`).
+        """
+        with lost_store_is_one_line(self._describe_lost_store):
+            if self._store is None:
+                self._join()
+            me = Member(self._agent, self._host, nproc_per_node)
+            seat = self._seating.seat(self._store_client(), me, self._seat, self._lead)
+            self._begin(seat)
+        return NodeAssignment(run_id=self._keys.run_id, node_rank=seat.node_rank, nnodes=seat.nnodes,
+                              local_world_size=nproc_per_node, rank_offset=seat.rank_offset,
+                              world_size=seat.world_size, master_addr=seat.master_addr, master_port=seat.master_port,
+                              restart_count=seat.attempt, agent_store=True)
+
+    def _join(self) -> None:
+        """Reach (or serve) the job's store, pass the job check, start beating and take part."""
+        host, port = self._config.store_address()
+        store, self._serving = open_job_store(self._connector, host, port, self._seating.store_role(host),
+                                              self._timeouts.join, self._status)
+        self._store, self._store_host, self._store_port = store, host, port
+        refusals_seen = check_job(store, self._serving, self._keys.run_id, self._token, f"{host}:{port}",
+                                  time.monotonic() + self._timeouts.join, self._status)
+        # Every connection is made before this agent counts as joined: a slow connect must delay
+        # joining, never a heartbeat. Opened side by side: torch's client looks up a name for the
+        # store's address on each connection, and a slow resolver then costs one wait, not several.
+        roles = ["watch", "beat", *(["monitor"] if self._serving else []), *self._seating.connections]
+        with concurrent.futures.ThreadPoolExecutor(len(roles)) as pool:
+            connections = pool.map(lambda _: self._connector(host, port, CALL_TIMEOUT), roles)
+            clients = dict(zip(roles, connections, strict=True))
+        self._watch_client = clients["watch"]
+        self._agent = int(store.add(self._keys("agents"), 1))
+        store.add(self._keys.heartbeat(self._agent), 1)
+        self._beats = Heartbeat(clients["beat"], self._keys.heartbeat(self._agent), self._timeouts.beat_interval,
+                                CALL_TIMEOUT, self._on_store_lost)
+        self._beats.start()
+        self._seating.joined(store, host, port, self._agent,
+                             {role: clients[role] for role in self._seating.connections})
+        if self._serving:
+            store.set(self._keys("host_agent"), str(self._agent))
+            self._monitor = Monitor(clients["monitor"], self._keys, self._timeouts.heartbeat,
+                                    self._timeouts.beat_interval, self._status, refusals_seen,
+                                    self._seating.nodes_waiting, self._config.max_nodes)
+            self._monitor.start()
+
+    def _lead(self, attempt: int, members: list[Member]) -> list[Seat]:
+        """As the attempt's node rank 0: seat everyone, with the workers' store (MASTER_ADDR, MASTER_PORT).
+
+        That is the job's store, or one this agent serves, where the backend says. Every restart
+        gets a fresh store: torch's ``env://`` reuses an agent store without a per-attempt prefix,
+        so keys a failed attempt left would mislead the next one.
+        """
+        host = self._seating.worker_store_host(attempt)
+        if host is None:
+            host, port = self._store_host, self._store_port
+        else:
+            # Replacing the previous attempt's store stops its server.
+            self._worker_store_server, port = serve_store(host, 0, self._timeouts.join)
+        return seat_attempt(self._store_client(), self._keys, attempt, members, host, port)
+
+    def _begin(self, seat: Seat) -> None:
+        """The attempt is seated: announce a change of nodes and start waiting for its end."""
+        assert self._watch_client is not None
+        if seat.change:
+            announce_change(seat.change, seat.nnodes, self._config.min_nodes, self._config.max_nodes, self._status)
+        if self._config.summary_file:
+            self._roster = read_roster(self._store_client(), self._keys, seat.attempt)
+        self._seat = seat
+        self._watch = EndWatch(self._watch_client, self._keys.attempt(seat.attempt, "end"), self._on_news,
+                               self._on_store_lost)
+
+    # -- during an attempt --------------------------------------------------------------------
+
+    def watch(self, stop: Callable[[str], None]) -> None:
+        with self._lock:
+            self._stop = stop
+            # News that came before the workers' supervisor was listening still stops them.
+            reason = self._lost or self._stop_reason()
+        if reason:
+            stop(reason)
+
+    def _stop_reason(self) -> str | None:
+        news = self._watch.news if self._watch is not None else None
+        return news.reason if news is not None and news.kind != DONE else None
+
+    def _on_news(self, news: News) -> None:
+        if news.kind != DONE:
+            self._request_stop(news.reason)
+
+    def _on_store_lost(self, error: BaseException) -> None:
+        with self._lock:
+            if self._lost is None:
+                self._lost = self._describe_lost_store(error)
+            watch = self._watch
+        if watch is not None:
+            watch.give_up()
+        self._request_stop(self._lost)
+
+    def _describe_lost_store(self, error: BaseException) -> str:
+        store_node = self._seat.store_node if self._seat is not None else self._seating.store_host_node
+        return lost_store_line(f"{self._store_host}:{self._store_port}", store_node, error)
+
+    def _request_stop(self, reason: str) -> None:
+        with self._lock:
+            stop = self._stop
+        if stop is not None:
+            stop(reason)
+
+    def publish_failure(self, failure: FailureRecord) -> None:
+        from torch.distributed import DistNetworkError
+
+        seat = self._seat
+        assert seat is not None
+        if self._lost:
+            return  # a hung store would never answer; the watchers report the loss
+        store = self._store_client()
+        with contextlib.suppress(DistNetworkError):  # the store's host is gone: the watchers report that
+            store.compare_set(self._keys.attempt(seat.attempt, "failure"), "", json.dumps(dataclasses.asdict(failure)))
+            announce(store, self._keys, seat.attempt,
+                     News("failure", f"rank {failure.rank} on node {failure.node_rank} failed "
+                                     f"(exit code {failure.exit_status})"))
+
+    def first_failure(self) -> FailureRecord | None:
+        from torch.distributed import DistNetworkError
+
+        seat = self._seat
+        if seat is None or self._lost:
+            return None
+        key = self._keys.attempt(seat.attempt, "failure")
+        store = self._store_client()
+        with contextlib.suppress(DistNetworkError):  # the store's host is gone: the watchers report that
+            if store.check([key]):
+                return FailureRecord(**json.loads(store.get(key)))
+        return None
+
+    def finish_attempt(self, succeeded: bool) -> AttemptEnd:
+        """Report this node done and wait for the attempt's end: the last node done, or whatever came first."""
+        with self._lock:
+            self._stop = None
+        seat, watch = self._seat, self._watch
+        assert seat is not None and watch is not None
+        if self._lost:
+            # Found by the heartbeat: a store that hangs (its host frozen or cut off without a
+            # reset) would never answer the calls below.
+            raise LaunchError(self._lost)
+        store = self._store_client()
+        with lost_store_is_one_line(self._describe_lost_store):
+            if succeeded:
+                if int(store.add(self._keys.attempt(seat.attempt, "done"), 1)) >= seat.nnodes:
+                    announce(store, self._keys, seat.attempt, News(DONE))
+            else:
+                announce(store, self._keys, seat.attempt,
+                         News("stopped", f"the workers of node {seat.node_rank} stopped"))
+            wait_for_end(watch, store, self._keys, seat.attempt, seat.nnodes, self._status)
+        if self._lost:
+            raise LaunchError(self._lost)
+        assert watch.news is not None
+        return watch.news.end()
+
+    def attempt_record(self) -> dict[str, Any]:
+        seat = self._seat
+        if seat is None:
+            return {}
+        record: dict[str, Any] = {"world_size": seat.world_size}
+        if self._roster is not None:
+            record["nodes"] = self._roster.describe()
+        return record
+
+    def _store_client(self) -> Client:
+        assert self._store is not None
+        return self._store
+
+    # -- leaving ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Leave the job: tell the others if workers were still running, and (as the host) keep the
+        store up until every node has read the outcome."""
+        with self._lock:
+            # The workers' supervisor is gone: news of this node's own leaving must not reach it.
+            self._stop = None
+        if self._store is None or self._beats is None:
+            self._store = None
+            return
+        self._beats.stop()
+        # The heartbeat's connection is free now; the others may be blocked in a wait.
+        client = self._beats.client
+        # A store that is gone has no one left to tell or wait for (and one that hangs would never answer).
+        if self._lost is None:
+            with contextlib.suppress(Exception):
+                self._leave(client)
+        # The host's store stops with the last reference to it.
+        self._store = self._watch_client = self._worker_store_server = None
+
+    def _leave(self, client: Client) -> None:
+        """Say this agent is gone (and, mid-attempt, that the attempt is over); the host waits for the rest."""
+        seat = self._seat
+        if seat is not None and self._watch is not None and self._watch.news is None:  # the attempt goes on
+            announce(client, self._keys, seat.attempt,
+                     News(LEFT, f"node {seat.node_rank} left the job before its workers finished"))
+        client.set(self._keys.heartbeat(self._agent), LEFT_BEAT.decode())
+        client.set(self._keys("gone", self._agent), "left")
+        if seat is not None and int(client.add(self._keys.attempt(seat.attempt, "left"), 1)) >= seat.nnodes:
+            client.set(self._keys.attempt(seat.attempt, "all_left"), "1")
+        if self._monitor is not None:
+            self._monitor.stop()
+            if seat is not None:
+                monitor = self._monitor
+                wait_until_left(client, self._keys, seat.attempt, seat.nnodes, lambda: monitor.gone_from(seat.attempt),
+                                time.monotonic() + self._timeouts.close)
+            self._seating.leave_as_host(client)
