@@ -1,6 +1,6 @@
 """Bad input launched for real: exit 2, one line on stderr saying what is wrong, nothing started.
 
-The wording of every refusal is checked in-process in ``test_options.py``; here a few
+The wording of every refusal is checked in-process in ``tests/unit/test_options.py``; here a few
 launches per stage show the whole path, plus the checks that need a real host (a missing
 script, a taken port, a log directory that is a file). Each launch names ``marker.py`` as the worker: the marker file it would create must not
 exist afterwards.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from helpers import launcher_frames, run_xlarun, worker
 
-# A few of the refusals ``test_options.py`` checks in-process, one per stage that can refuse:
+# A few of the refusals ``tests/unit/test_options.py`` checks in-process, one per stage that can refuse:
 # the parser, an option's own value, a variable standing in for a flag, a rule between flags,
 # the device plan. (launcher flags before the script, variables, text the error line must hold)
 SMOKE_LAUNCHES = {
@@ -53,6 +53,14 @@ def test_script_that_does_not_exist(tmp_path: Path) -> None:
 def test_no_python_command_that_does_not_exist(tmp_path: Path) -> None:
     result = run_xlarun("--no-python", "--master_port", "0", "no-such-command-anywhere", cwd=tmp_path)
     assert_refused(result, tmp_path / "marker", "no-such-command-anywhere")
+
+
+def test_no_python_file_without_its_execute_bit_is_named_so(tmp_path: Path) -> None:
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o644)
+    result = run_xlarun("--no-python", "--master_port", "0", script, cwd=tmp_path)
+    assert_refused(result, tmp_path / "marker", f"{script} is not executable")
 
 
 def test_log_dir_that_is_a_file(tmp_path: Path) -> None:

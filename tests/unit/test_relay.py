@@ -8,15 +8,29 @@ from pathlib import Path
 
 import pytest
 
+from xlarun.console import ConsoleWriter, flush_consoles
 from xlarun.supervision.relay import MAX_PARTIAL_LINE, TAIL_LINES, StreamPlan, StreamRelay
 
 
-def relay_to_pipe(prefix: bytes = b"", file: str | None = None) -> tuple[StreamRelay, int]:
-    """A relay whose console is a pipe large enough to hold what a test writes before reading it."""
-    read_end, write_end = os.pipe()
-    fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4 * MAX_PARTIAL_LINE)
-    os.set_blocking(read_end, False)
-    return StreamRelay(StreamPlan(file=file, console_fd=write_end, prefix=prefix, relay=True)), read_end
+class Console:
+    """A pipe standing in for the launcher's console, large enough to hold what a test writes."""
+
+    def __init__(self) -> None:
+        self.read_end, write_end = os.pipe()
+        fcntl.fcntl(write_end, fcntl.F_SETPIPE_SZ, 4 * MAX_PARTIAL_LINE)
+        os.set_blocking(self.read_end, False)
+        self.writer = ConsoleWriter(write_end)
+
+    def drain(self) -> bytes:
+        """What reached the console so far, once the writer has written what it was given."""
+        self.writer.flush()
+        return drain(self.read_end)
+
+
+def relay_to_pipe(prefix: bytes = b"", file: str | None = None) -> tuple[StreamRelay, Console]:
+    pipe = Console()
+    plan = StreamPlan(file=file, console_fd=pipe.writer.fd, prefix=prefix, relay=True)
+    return StreamRelay(plan, writer=pipe.writer), pipe
 
 
 def drain(fd: int) -> bytes:
@@ -35,23 +49,23 @@ def drain(fd: int) -> bytes:
 def test_prefixed_lines_reach_the_console_whole() -> None:
     relay, console = relay_to_pipe(prefix=b"[default0]:")
     relay.feed(b"one\ntw")
-    assert drain(console) == b"[default0]:one\n"
+    assert console.drain() == b"[default0]:one\n"
     relay.feed(b"o\nthree")
-    assert drain(console) == b"[default0]:two\n"
+    assert console.drain() == b"[default0]:two\n"
     relay.close()
-    assert drain(console) == b"[default0]:three\n"
+    assert console.drain() == b"[default0]:three\n"
 
 
 def test_unprefixed_text_passes_at_once() -> None:
     relay, console = relay_to_pipe()
     relay.feed(b"50%\r")
-    assert drain(console) == b"50%\r"
+    assert console.drain() == b"50%\r"
 
 
 def test_an_endless_line_is_cut_rather_than_held() -> None:
     relay, console = relay_to_pipe(prefix=b"> ")
     relay.feed(b"x" * (MAX_PARTIAL_LINE + 1))
-    assert drain(console) == b"> " + b"x" * (MAX_PARTIAL_LINE + 1) + b"\n"
+    assert console.drain() == b"> " + b"x" * (MAX_PARTIAL_LINE + 1) + b"\n"
 
 
 def test_the_file_gets_the_bytes_unchanged_and_the_tail_the_last_lines(tmp_path: Path) -> None:
@@ -62,12 +76,31 @@ def test_the_file_gets_the_bytes_unchanged_and_the_tail_the_last_lines(tmp_path:
     assert log.read_bytes().count(b"\n") == TAIL_LINES + 5
     assert not log.read_bytes().startswith(b"p:")
     assert list(relay.tail) == [b"line %d" % number for number in range(5, TAIL_LINES + 5)]
-    assert drain(console).count(b"p:line") == TAIL_LINES + 5
+    assert console.drain().count(b"p:line") == TAIL_LINES + 5
 
 
 def test_a_closed_reader_ends_the_console_copy_silently(capfd: pytest.CaptureFixture[str]) -> None:
     relay, console = relay_to_pipe(prefix=b"p:")
-    os.close(console)
+    os.close(console.read_end)
     relay.feed(b"lost\n")
     relay.feed(b"also lost\n")
     assert capfd.readouterr().err == ""
+
+
+def test_a_progress_bar_redraws_behind_its_prefix() -> None:
+    relay, console = relay_to_pipe(prefix=b"p:")
+    relay.feed(b"\r 10%|#")
+    relay.feed(b"\r 20%|##")
+    assert console.drain() == b"p: 10%|#\r"
+    relay.feed(b"\n")
+    assert console.drain() == b"p: 20%|##\n"
+
+
+def test_a_log_file_that_refuses_bytes_costs_only_that_file(capfd: pytest.CaptureFixture[str]) -> None:
+    relay, console = relay_to_pipe(prefix=b"p:", file="/dev/full")
+    relay.feed(b"one\n")
+    relay.feed(b"two\n")
+    assert console.drain() == b"p:one\np:two\n"
+    flush_consoles()
+    assert capfd.readouterr().err == ("xlarun: cannot write /dev/full: No space left on device; it stops here, the "
+                                      "console and the run go on\n")

@@ -197,3 +197,28 @@ def test_a_stop_asked_for_after_the_group_is_gone_writes_nowhere(tmp_path: Path)
     with open(bystander, "wb"):  # it may get the pipe's descriptor numbers, now free
         group.request_stop("news that came late")
     assert bystander.read_bytes() == b""
+
+
+class BrokenInbox(FakeInbox):
+    """An inbox whose reading fails, as any fault inside the loop would."""
+
+    def drain(self) -> list[int]:
+        raise RuntimeError("the loop broke")
+
+
+def test_a_fault_in_the_loop_tears_the_group_down_before_it_leaves() -> None:
+    started: list[FakeProcess] = []
+
+    def start(worker_spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget) -> FakeProcess:
+        options = {"ignores": (signal.SIGTERM,)} if worker_spec.local_rank == 0 else {}
+        started.append(FakeProcess(worker_spec, stdout, stderr, **options))  # type: ignore[arg-type]
+        return started[-1]
+
+    inbox = BrokenInbox()
+    inbox.send(signal.SIGUSR1)
+    group = WorkerGroup([spec(0), spec(1)], kill_timeout=0.05, start_process=start)  # type: ignore[arg-type]
+    with pytest.raises(RuntimeError, match="the loop broke"):
+        group.run(inbox)  # type: ignore[arg-type]
+    stubborn, obedient = started
+    assert stubborn.signals == [signal.SIGTERM, signal.SIGKILL] and stubborn.returncode == -signal.SIGKILL
+    assert obedient.signals[0] == signal.SIGTERM and obedient.returncode == -signal.SIGTERM

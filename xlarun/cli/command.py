@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -18,6 +19,7 @@ import click
 
 from xlarun import __version__
 from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
+from xlarun.console import flush_consoles, say
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
 from xlarun.host.devices import HOST_ROOT_VARIABLE
@@ -201,33 +203,53 @@ def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: exits with the run's code (see the README's exit code table)."""
     from xlarun.cli.launch import launch_from_command_line
 
+    hold_standard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         command_line = parse_command_line(args)
         code = 0 if command_line is None else launch_from_command_line(*command_line, os.environ)
     except UsageError as error:
-        sys.stderr.write(f"xlarun: error: {error}\n")
-        sys.exit(UsageError.exit_code)
+        say(f"error: {error}")
+        code = UsageError.exit_code
     except LaunchError as error:
-        sys.stderr.write(f"xlarun: {error}\n")
-        sys.exit(error.exit_code)
+        if os.environ.get("XLARUN_DEBUG") and error.__cause__ is not None:
+            traceback.print_exception(error.__cause__)
+        say(str(error) + (" (set XLARUN_DEBUG=1 for the traceback)" if error.__cause__ is not None else ""))
+        code = error.exit_code
     except click.exceptions.Abort:
-        sys.exit(130)
+        code = 130
     except Exception as error:
         if os.environ.get("XLARUN_DEBUG"):
             raise
-        sys.stderr.write(f"xlarun: internal error: {type(error).__name__}: {error} "
-                         "(set XLARUN_DEBUG=1 for the traceback)\n")
-        sys.exit(1)
+        say(f"internal error: {type(error).__name__}: {error} (set XLARUN_DEBUG=1 for the traceback)")
+        code = 1
     finish(code)
 
 
+def hold_standard_streams() -> None:
+    """Put /dev/null on a standard descriptor the launcher was started without (``2>&-``).
+
+    Otherwise the first file the launcher opens takes that number, and whatever it writes to
+    stderr (or a worker inherits as its stdout) lands in that file, a pipe or a socket.
+    """
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+
+
 def finish(code: int) -> None:
-    """Exit with ``code``. After a multi-node run torch's C++ threads (store server, rendezvous
-    keep-alive) may still run; a normal interpreter exit can abort in their destructors, so
-    the process ends at once once everything it wrote is flushed."""
-    if "torch" in sys.modules:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(code)
-    sys.exit(code)
+    """Exit with ``code`` once the launcher's queued output is written (while its readers take it).
+
+    After a multi-node run torch's C++ threads (store server, rendezvous keep-alive) may still
+    run; a normal interpreter exit can abort in their destructors, so the process ends at once.
+    """
+    flush_consoles()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:
+                stream.flush()
+        except (OSError, ValueError):
+            pass  # a reader gone or a stream closed changes nothing of the exit
+    os._exit(code)

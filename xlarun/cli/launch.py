@@ -166,6 +166,9 @@ def refuse_busy_device(device: str, environ: Mapping[str, str]) -> None:
 def check_command(config: LaunchConfig) -> None:
     command = config.command
     if command.no_python:
+        if "/" in command.script and os.path.isfile(command.script) and not os.access(command.script, os.X_OK):
+            raise UsageError(f"{command.script} is not executable ({flag('no_python')} runs it directly): "
+                             f"chmod +x it, or drop {flag('no_python')} to run it with python")
         if shutil.which(command.script) is None:
             raise UsageError(f"command not found: {command.script} ({flag('no_python')} runs it directly; "
                              "give a path or a program on PATH)")

@@ -17,15 +17,14 @@ from __future__ import annotations
 
 import os
 import selectors
-import sys
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from xlarun.config import LaunchConfig
-from xlarun.console import say
-from xlarun.exceptions import LaunchError
+from xlarun.console import console, say
+from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord, signal_name
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import JobEnded, Rendezvous
@@ -34,7 +33,7 @@ from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.logs import make_run_log_dir, plan_worker_logs
 from xlarun.supervision.process import WorkerSpec
 from xlarun.supervision.report import RunSummary, failure_as_dict, failure_of, format_report
-from xlarun.supervision.signals import STOP_SIGNALS, SignalInbox
+from xlarun.supervision.signals import STOP_SIGNALS, SUSPEND_SIGNAL, SignalInbox, suspend_self
 
 T = TypeVar("T")
 
@@ -60,13 +59,28 @@ class Agent:
                 code = self._attempts(inbox, guard)
         except LaunchError as error:
             # The run ends in one line from the CLI; CI scripts still get their record.
-            self._write_summary(LaunchError.exit_code, error=str(error))
+            self._write_summary(error.exit_code, error=str(error))
             raise
+        except UsageError:
+            raise  # bad input found late (a --log-dir that is a file): one line, exit 2
+        except Exception as error:
+            # A fault of the launcher's own (a bug; a disk full where it writes): the worker group
+            # tore itself down before the exception left it, so only the record and the code remain.
+            fault = LaunchError(f"internal error: {type(error).__name__}: {error}")
+            fault.exit_code = self._root_cause_code()
+            self._write_summary(fault.exit_code, error=str(fault))
+            raise fault from error
         finally:
             guard.release()
             self.rendezvous.close()
         self._write_summary(code)
         return code
+
+    def _root_cause_code(self) -> int:
+        """The exit code of the run's root cause, where a worker failed before the fault; else 1."""
+        root = self.summary.root_cause if self.summary is not None else None
+        status = root.get("exit_status") if root is not None else None
+        return status if isinstance(status, int) and status > 0 else LaunchError.exit_code
 
     def _write_summary(self, code: int, error: str | None = None) -> None:
         if not self.config.summary_file:
@@ -134,7 +148,11 @@ class Agent:
         specs = []
         for local_rank in range(node.local_world_size):
             rank = node.global_rank(local_rank)
-            logs = plan_worker_logs(self.config, self._run_dir, attempt, local_rank, rank)
+            try:
+                logs = plan_worker_logs(self.config, self._run_dir, attempt, local_rank, rank)
+            except OSError as error:
+                raise LaunchError(f"cannot make the log directory of attempt {attempt} in {self._run_dir}: "
+                                  f"{error.strerror or error}") from None
             variables = self.variables_for(node, local_rank, logs.error_file)
             specs.append(WorkerSpec(local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank),
                                     env={**self.environ, **variables}, logs=logs))
@@ -152,11 +170,12 @@ class Agent:
         self.summary.result = "failed"
         if not failures:
             say(f"workers stopped: {outcome.stop_reason or 'stop requested'}")
+            if outcome.start_failed:
+                self.summary.result, self.summary.error = "launcher_error", outcome.stop_reason
             return 1
         root = failures[0]
         self.summary.root_cause = failure_as_dict(root)
-        sys.stderr.write(format_report(self.config.command.script, failures) + "\n")
-        sys.stderr.flush()
+        console(2).write((format_report(self.config.command.script, failures) + "\n").encode(errors="replace"))
         return root.exit_status
 
     def _stopped_by_signal(self, number: int, when: str = "") -> int:
@@ -200,7 +219,10 @@ def wait_interruptibly(inbox: SignalInbox, call: Callable[..., T], *args: Any) -
             selector.register(inbox.fd, selectors.EVENT_READ)
             while True:
                 selector.select()
-                stops = [number for number in inbox.drain() if number in STOP_SIGNALS]
+                received = inbox.drain()
+                if SUSPEND_SIGNAL in received:
+                    suspend_self()  # no workers to take along
+                stops = [number for number in received if number in STOP_SIGNALS]
                 if stops:
                     return Interrupted(stops[0])
                 if "value" in box or "error" in box:

@@ -12,8 +12,14 @@ children. Exits are seen through pidfds the moment they happen (no polling). The
 failure, a stop signal or a stop request tears the whole group down: the signal to every
 process group (including groups whose leader already exited but whose children live on),
 ``kill_timeout`` seconds of grace, then SIGKILL. SIGUSR1 and SIGUSR2 are passed to every
-worker and the run goes on. An :class:`~xlarun.guard.OrphanGuard` kills the groups if the
-launcher itself is killed before it could.
+worker and the run goes on; Ctrl-Z (SIGTSTP) stops the workers with the launcher until it is
+continued. An :class:`~xlarun.supervision.guard.OrphanGuard` kills the groups if the launcher
+itself is killed before it could; an exception that breaks the loop tears the group down the
+same way before it goes on (no worker outlives the loop).
+
+Worker output reaches the console through writers that never block the loop
+(:mod:`xlarun.console`); while a console is too far behind, the pipes that feed it are left
+unread, so the workers wait in their writes and exits, signals and stops are still seen at once.
 
 The loop keeps one :class:`Worker` per worker: its spec, its process (and so its process
 group), the pidfd it waits on, its pipes and relays, and its result. Processes come from a
@@ -23,7 +29,9 @@ unit tests.
 
 from __future__ import annotations
 
+import errno
 import os
+import resource
 import selectors
 import signal
 import subprocess
@@ -33,10 +41,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import IO
 
+from xlarun.console import ConsoleWriter
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.process import PosixProcess, ProcessFactory, StreamTarget, WorkerProcess, WorkerSpec
 from xlarun.supervision.relay import StreamPlan, StreamRelay, read_tail
-from xlarun.supervision.signals import RELAYED_SIGNALS, SignalInbox
+from xlarun.supervision.signals import RELAYED_SIGNALS, SUSPEND_SIGNAL, SignalInbox, suspend_self
 
 READ_CHUNK = 64 * 1024
 
@@ -63,6 +72,8 @@ class GroupOutcome:
     failures: list[WorkerResult]
     launcher_signal: int | None = None
     stop_reason: str | None = None
+    start_failed: bool = False
+    """The launcher could not start a worker (``stop_reason`` says why): its fault, not the workers'."""
 
     @property
     def succeeded(self) -> bool:
@@ -116,6 +127,10 @@ class WorkerGroup:
         self._deadline: float | None = None
         self._launcher_signal: int | None = None
         self._stop_reason: str | None = None
+        self._start_failed = False
+        self._paused: dict[IO[bytes], Callable[[], bool]] = {}
+        """Pipes left unread while their console catches up, with their readers."""
+        self._space_watched: set[int] = set()
         self._stop_read, self._stop_write = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         # A watcher thread may ask for a stop after the group is gone: the pipe's descriptor
         # numbers may by then belong to another file, so closing and writing exclude each other.
@@ -140,30 +155,42 @@ class WorkerGroup:
                     break
             self._loop()
             self._release_from_guard()
+        except BaseException:
+            # Whatever broke the loop, no worker may outlive it.
+            self._tear_down_after_fault()
+            raise
         finally:
             self._close()
         ordered = sorted((worker.result for worker in self._workers), key=lambda result: result.local_rank)
-        return GroupOutcome(results=ordered, failures=self._failures,
-                            launcher_signal=self._launcher_signal, stop_reason=self._stop_reason)
+        return GroupOutcome(results=ordered, failures=self._failures, launcher_signal=self._launcher_signal,
+                            stop_reason=self._stop_reason, start_failed=self._start_failed)
 
     def _start(self, spec: WorkerSpec) -> None:
-        stdout, stdout_relay = self._stream_target(spec.logs.stdout)
-        stderr, stderr_relay = self._stream_target(spec.logs.stderr)
         try:
-            process = self._start_process(spec, stdout, stderr)
+            self._start_worker(spec)
         except OSError as error:
             # The workers already started must not run on alone.
-            self._stop_reason = (f"cannot start local rank {spec.local_rank}: "
-                                 f"{spec.argv[0]}: {error.strerror}")
+            self._stop_reason = f"cannot start local rank {spec.local_rank}: {start_failure(spec, error)}"
+            self._start_failed = True
             self._begin_stop(signal.SIGTERM)
-            return
+
+    def _start_worker(self, spec: WorkerSpec) -> None:
+        stdout = stderr = None
+        try:
+            stdout, stdout_relay = self._stream_target(spec.logs.stdout)
+            stderr, stderr_relay = self._stream_target(spec.logs.stderr)
+            process = self._start_process(spec, stdout, stderr)
         finally:
             for handle in (stdout, stderr):
                 if isinstance(handle, int) and handle > 2:
                     os.close(handle)
         if self._guard is not None:
             self._guard.watch(process.pid)
-        pidfd = process.open_pidfd()
+        try:
+            pidfd = process.open_pidfd()
+        except OSError:
+            process.signal_group(signal.SIGKILL)  # started, but it could never be watched
+            raise
         worker = Worker(spec=spec, process=process, pidfd=pidfd,
                         result=WorkerResult(local_rank=spec.local_rank, rank=spec.rank, pid=process.pid,
                                             started_at=time.time(), error_file=spec.logs.error_file),
@@ -191,20 +218,47 @@ class WorkerGroup:
         fd = pipe.fileno()
 
         def read() -> bool:
-            """Copy what the pipe holds now; False once it is empty for the moment or closed."""
+            """Copy what the pipe holds now; False once it is empty for the moment or closed.
+
+            While the console is too far behind, the pipe leaves the selector: the worker then
+            waits in its own write, and the loop goes on watching exits, signals and stops.
+            """
             try:
                 data = os.read(fd, READ_CHUNK)
             except BlockingIOError:
                 return False
             if data:
                 relay.feed(data)
+                if relay.paused and pipe not in self._paused:
+                    self._pause(pipe, read, relay)
                 return True
-            self._selector.unregister(pipe)
+            if pipe in self._paused:
+                del self._paused[pipe]
+            else:
+                self._selector.unregister(pipe)
             pipe.close()
             relay.close()
             return False
 
         return read
+
+    def _pause(self, pipe: IO[bytes], read: Callable[[], bool], relay: StreamRelay) -> None:
+        self._selector.unregister(pipe)
+        self._paused[pipe] = read
+        writer = relay.console_writer
+        assert writer is not None
+        if writer.space_fd not in self._space_watched:
+            self._space_watched.add(writer.space_fd)
+            self._selector.register(writer.space_fd, selectors.EVENT_READ, lambda: self._resume(writer))
+
+    def _resume(self, writer: ConsoleWriter) -> None:
+        """The console caught up: its paused pipes are read again."""
+        writer.take_space()
+        if writer.full:
+            return
+        for pipe, read in list(self._paused.items()):
+            del self._paused[pipe]
+            self._selector.register(pipe, selectors.EVENT_READ, read)
 
     def _loop(self) -> None:
         while any(worker.still_waited_on for worker in self._workers):
@@ -237,6 +291,31 @@ class WorkerGroup:
         # The peers are told to stop first; reporting the failure (error file, host name) can wait.
         if failed and self._on_failure is not None:
             self._on_failure(result)
+
+    def _tear_down_after_fault(self) -> None:
+        """The loop failed: SIGTERM every group, wait out the grace for the exits, SIGKILL, reap.
+
+        No output is relayed any more (the relay may be what failed); the pidfds alone are waited on.
+        """
+        for worker in self._workers:
+            worker.process.signal_group(signal.SIGTERM)
+        pending = [worker for worker in self._workers if worker.pidfd is not None]
+        deadline = time.monotonic() + self._kill_timeout
+        with selectors.DefaultSelector() as exits:
+            for worker in pending:
+                assert worker.pidfd is not None
+                exits.register(worker.pidfd, selectors.EVENT_READ)
+            while exits.get_map() and (left := deadline - time.monotonic()) > 0:
+                for key, _ in exits.select(left):
+                    exits.unregister(key.fileobj)
+        for worker in self._workers:
+            worker.process.signal_group(signal.SIGKILL)
+        for worker in pending:
+            assert worker.pidfd is not None
+            self._unwatch(worker.pidfd)
+            worker.pidfd = None
+            worker.result.returncode = worker.process.reap()
+            worker.result.ended_at = time.time()
 
     def _live_workers(self) -> bool:
         return any(worker.result.returncode is None for worker in self._workers)
@@ -271,12 +350,22 @@ class WorkerGroup:
             if number in RELAYED_SIGNALS:
                 for worker in self._workers:
                     worker.process.signal_group(number)
+            elif number == SUSPEND_SIGNAL:
+                self._suspend()
             elif self._launcher_signal is None:
                 self._launcher_signal = number
                 self._begin_stop(number)
             else:
                 # A second stop signal means "now": skip the grace period.
                 self._deadline = time.monotonic()
+
+    def _suspend(self) -> None:
+        """Ctrl-Z: the workers stop with the launcher and continue with it (see :data:`SUSPEND_SIGNAL`)."""
+        for worker in self._workers:
+            worker.process.signal_group(signal.SIGSTOP)
+        suspend_self()
+        for worker in self._workers:
+            worker.process.signal_group(signal.SIGCONT)
 
     def _on_stop_request(self) -> None:
         try:
@@ -311,6 +400,8 @@ class WorkerGroup:
         for key in list(self._selector.get_map().values()):
             if hasattr(key.fileobj, "close"):
                 key.fileobj.close()
+        for pipe in self._paused:
+            pipe.close()
         for worker in self._workers:
             for relay in (worker.stdout_relay, worker.stderr_relay):
                 if relay is not None:
@@ -330,3 +421,14 @@ class WorkerGroup:
         if worker.stderr_relay is not None:
             return [line.decode(errors="replace") for line in worker.stderr_relay.tail]
         return read_tail(worker.spec.logs.stderr.file)
+
+
+def start_failure(spec: WorkerSpec, error: OSError) -> str:
+    """Why the launcher could not start a worker, naming the launcher's own limit where it was one."""
+    if error.errno in (errno.EMFILE, errno.ENFILE):
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        whose = "the launcher" if error.errno == errno.EMFILE else "the system"
+        return f"{whose} ran out of file descriptors ({error.strerror}; the launcher's limit is {soft}: ulimit -n)"
+    if error.errno == errno.EAGAIN:
+        return f"the launcher cannot start more processes ({error.strerror}; ulimit -u, or the system's limit)"
+    return f"{spec.argv[0]}: {error.strerror}"

@@ -8,7 +8,7 @@ Usage::
         numbers = inbox.drain()
 
 :data:`STOP_SIGNALS` end a run (the workers are torn down); :data:`RELAYED_SIGNALS` are passed
-to every worker and the run goes on.
+to every worker and the run goes on; :data:`SUSPEND_SIGNAL` suspends the workers with the launcher.
 """
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ from collections.abc import Iterable
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 RELAYED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+SUSPEND_SIGNAL = signal.SIGTSTP
+"""Ctrl-Z. The workers lead sessions of their own, out of the terminal's reach, so the launcher
+stops them (SIGSTOP: a stop signal a terminal sends to an orphaned group is discarded), stops
+itself, and once continued (``fg``, ``bg``: SIGCONT) continues them."""
 
 
 class SignalInbox:
@@ -28,7 +32,7 @@ class SignalInbox:
     interpreter's wakeup fd carries each signal number to the loop.
     """
 
-    def __init__(self, signals: Iterable[int] = STOP_SIGNALS + RELAYED_SIGNALS):
+    def __init__(self, signals: Iterable[int] = (*STOP_SIGNALS, *RELAYED_SIGNALS, SUSPEND_SIGNAL)):
         self._signals = tuple(signals)
         self._previous: dict[int, object] = {}
         self.fd = -1
@@ -63,3 +67,8 @@ class SignalInbox:
 
 def _ignore_in_handler(signum: int, frame: object) -> None:
     """The wakeup fd already told the loop; nothing else happens inside the handler."""
+
+
+def suspend_self() -> None:
+    """Stop the launcher as Ctrl-Z would have (its handler took the signal); returns once continued."""
+    os.kill(os.getpid(), signal.SIGSTOP)
