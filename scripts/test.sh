@@ -11,8 +11,8 @@ scripts/setup-venv.sh
 # The release matrix test's torch_xla sources, fetched once into .venv; a failure is reported there
 # and makes those tests skip (fail under CI), not the whole run.
 scripts/fetch-torch-xla-sources.sh || true
-# Open MPI's mpirun for the test of a real mpirun environment (Debian's openmpi-bin, as root); where
-# it cannot be installed that test skips, except under CI, where it fails.
+# Open MPI's mpirun and Slurm's scontrol for the tests that run them (Debian's packages, as root);
+# where they cannot be installed those tests skip, except under CI, where they fail.
 scripts/install-test-programs.sh || true
 check_status=0
 .venv/bin/python -m ruff check --quiet || check_status=$?

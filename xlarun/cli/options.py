@@ -160,7 +160,12 @@ def parse_endpoint(text: str) -> str:
 
 
 def parse_summary_file(path: str) -> str:
-    """Catch a path that can never take the summary before the run, not after it."""
+    """Catch a path that can never take the summary before the run, not after it.
+
+    The summary is written at the end, through a new file beside it, so the nearest directory
+    that exists must let this user create entries (``W_OK`` and ``X_OK``; the missing ones below
+    it are made then).
+    """
     if not path or os.path.isdir(path):
         raise InvalidValue("a directory" if path else "empty")
     parent = os.path.dirname(os.path.abspath(path))
@@ -168,6 +173,8 @@ def parse_summary_file(path: str) -> str:
         parent = os.path.dirname(parent)
     if not os.path.isdir(parent):
         raise InvalidValue(f"{parent} is not a directory")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise InvalidValue(f"{parent} is not writable")
     return path
 
 

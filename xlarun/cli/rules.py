@@ -7,6 +7,7 @@ count, ...), each worded once, in terms of the flags.
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Callable, Mapping
 
@@ -58,6 +59,20 @@ _TAKEN_AS_PARSED = ("rdzv_conf", "max_restarts", "local_addr", "log_dir", "redir
                     "kill_timeout", "summary_file", "dry_run", "allow_busy_device")
 
 
+_NOT_IN_A_RUN_ID = re.compile("[/\x00-\x1f\x7f-\x9f]")
+"""What a run id may not hold: it names the run's log directory inside ``--log-dir``
+(``<run_id>_<random>``), so no ``/``, and it is printed and written to files, so no NUL or other
+control character (a newline would forge lines)."""
+
+
+def check_run_id(values: OptionValues, run_id: str) -> None:
+    """Refuse a run id that would put the logs outside ``--log-dir`` or break the lines that name it."""
+    if _NOT_IN_A_RUN_ID.search(run_id) or run_id in (".", ".."):
+        raise values.refuse("rdzv_id", f"cannot be a run id: it names the run's log directory inside "
+                                       f"{flag('log_dir')}, so it may hold no '/' or control character "
+                                       "and may not be '.' or '..'")
+
+
 def require_script(script: str | None) -> str:
     if not script:
         raise UsageError("the following arguments are required: training_script (the script or command to run)")
@@ -95,6 +110,7 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
             raise UsageError(f"{flag('standalone')} runs a single node, but {flag('nnodes')}={values.raw('nnodes')}: "
                              "drop one of them")
         rdzv_backend, rdzv_endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
+    check_run_id(values, rdzv_id)
     if rdzv_backend in ("etcd", "etcd-v2"):
         raise UsageError(f"{flag('rdzv_backend')}={rdzv_backend} is not supported by xlarun: use static or c10d")
     check_rdzv_conf(rdzv_backend, values["rdzv_conf"])

@@ -128,11 +128,13 @@ class NodeRendezvous:
     def _join(self) -> None:
         """Reach (or serve) the job's store, pass the job check, start beating and take part."""
         host, port = self._config.store_address()
+        # One deadline for reaching the store and hearing its job: a store found late leaves less time to check.
+        deadline = time.monotonic() + self._timeouts.join
         store, self._serving = open_job_store(self._connector, host, port, self._seating.store_role(host),
                                               self._timeouts.join, self._status)
         self._store, self._store_host, self._store_port = store, host, port
         refusals_seen = check_job(store, self._serving, self._keys.run_id, self._token, f"{host}:{port}",
-                                  time.monotonic() + self._timeouts.join, self._status)
+                                  deadline, self._status)
         # Every connection is made before this agent counts as joined: a slow connect must delay
         # joining, never a heartbeat. Opened side by side: torch's client looks up a name for the
         # store's address on each connection, and a slow resolver then costs one wait, not several.

@@ -23,14 +23,22 @@ from xlarun.supervision.relay import StreamPlan, WorkerLogPlan
 
 
 def make_run_log_dir(base: str | None, run_id: str) -> str:
-    """The run's directory: ``<base>/<run_id>_<random>``, ``base`` a fresh temp dir when not given."""
+    """The run's directory: ``<base>/<run_id>_<random>``, ``base`` a fresh temp dir when not given.
+
+    It is always directly inside ``base``: a run id whose path, ``..`` resolved, leads elsewhere
+    (``../x``, ``a/b``; the command line refuses such ids first) is refused here too. The last
+    part is new (``mkdtemp``), so no link can be planted there.
+    """
     try:
         if base is None:
             base = tempfile.mkdtemp(prefix="xlarun_")
         elif os.path.isfile(base):
             raise UsageError(f"{flag('log_dir')} {base} is a file: give a directory (it is created when missing)")
+        prefix = f"{run_id}_"
+        if os.path.dirname(os.path.normpath(os.path.join(base, prefix))) != os.path.normpath(base):
+            raise UsageError(f"run id {run_id!r} would put its logs outside {flag('log_dir')} {base}")
         os.makedirs(base, exist_ok=True)
-        return tempfile.mkdtemp(prefix=f"{run_id}_", dir=base)
+        return tempfile.mkdtemp(prefix=prefix, dir=base)
     except OSError as error:
         raise UsageError(f"{flag('log_dir')} {base} cannot hold the logs ({error.strerror}): "
                          "give a writable directory") from None

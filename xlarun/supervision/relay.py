@@ -134,7 +134,8 @@ def read_tail(path: str | None, limit: int = TAIL_LINES) -> list[str]:
     if not path:
         return []
     try:
-        with open(path, "rb") as handle:
+        # The worker owns the directory: a link it planted there is not followed.
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
             handle.seek(max(0, size - 16 * 1024))

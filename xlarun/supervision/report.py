@@ -3,24 +3,38 @@
 The report keeps torchrun's layout so people and log parsers recognise it, without the
 launcher traceback torchrun prints before it. The root cause is the first failure the
 launcher observed; :class:`~xlarun.failures.FailureRecord` says where each traceback comes from.
+
+What a worker wrote (its error file, its stderr) is untrusted input: a record quotes at most the
+last :data:`MAX_QUOTED_BYTES` of it, the report shows its control characters escaped, and the
+summary file goes through a temporary name nobody can predict.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import re
+import secrets
 import socket
-import sys
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
+from xlarun.console import say
 from xlarun.errorfile import read_error_file
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
 from xlarun.supervision.group import WorkerResult
 
 MAX_WIDTH = 60
+MAX_QUOTED_BYTES = 64 * 1024
+"""The most of a worker's text (traceback, message, stderr tail) a record keeps: its end, where the
+error is. Records are printed, written to the summary and published to the other nodes through the
+store, whose connection a record of some megabytes breaks."""
+_CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+"""What the report shows escaped: C0 and C1 controls but newline and tab (an escape sequence would
+reach the terminal and could rewrite it), and lone surrogates, which JSON can carry but no terminal shows."""
 
 
 def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> FailureRecord:
@@ -37,12 +51,29 @@ def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> Fai
     return FailureRecord(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
                          time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
                          host=socket.getfqdn(), error_file=result.error_file if recorded else NOT_AVAILABLE,
-                         traceback=text.rstrip("\n"), node_rank=node_rank, nnodes=nnodes)
+                         traceback=keep_end(text.rstrip("\n")), node_rank=node_rank, nnodes=nnodes)
+
+
+def keep_end(text: str, limit: int = MAX_QUOTED_BYTES) -> str:
+    """The last ``limit`` bytes of ``text`` (UTF-8), under a first line that says how many were cut."""
+    # surrogatepass: a lone surrogate from a JSON escape is kept as it came, not an error.
+    data = text.encode("utf-8", "surrogatepass")
+    if len(data) <= limit:
+        return text
+    kept = data[-limit:]
+    while kept[0] & 0xC0 == 0x80:  # a character cut in the middle is dropped whole
+        kept = kept[1:]
+    return f"[... {len(data) - len(kept)} bytes cut ...]\n" + kept.decode("utf-8", "surrogatepass")
+
+
+def escape_controls(text: str) -> str:
+    """``text`` with every character of :data:`_CONTROL_CHARACTERS` written as Python would (``\\x1b``)."""
+    return _CONTROL_CHARACTERS.sub(lambda found: ascii(found.group())[1:-1], text)
 
 
 def format_failure(index: int, failure: FailureRecord) -> str:
     stamp = datetime.fromtimestamp(int(failure.time)).isoformat(sep="_")
-    traceback = failure.traceback.replace("\n", "\n  ")
+    traceback = escape_controls(failure.traceback).replace("\n", "\n  ")
     return (f"[{index}]:\n"
             f"  time      : {stamp}\n"
             f"  host      : {failure.host}{f' (node_rank: {failure.node_rank})' if failure.nnodes > 1 else ''}\n"
@@ -86,16 +117,31 @@ class RunSummary:
             for r in results], **(nodes or {})})
 
     def write(self, path: str) -> None:
-        """Write the record; a path that cannot take it costs one line, not the run's exit code."""
-        temporary = f"{path}.tmp{os.getpid()}"
+        """Write the record whole (a reader sees the old file or the new one); a path that cannot take it
+        costs one line, not the run's exit code.
+
+        The record is written to a temporary file beside ``path``, then renamed over it. The temporary's
+        name is random and it is created only if nothing is there (``O_EXCL``, which refuses a link too):
+        in a shared directory, a link planted at a name the launcher would use could otherwise have it,
+        perhaps as root, overwrite the file the link points to. Its mode is what ``open`` would give.
+        """
+        directory, name = os.path.split(os.path.abspath(path))
+        temporary = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
         try:
-            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-            with open(temporary, "w") as handle:
-                json.dump(asdict(self), handle, indent=2)
-                handle.write("\n")
-            os.replace(temporary, path)
+            os.makedirs(directory, exist_ok=True)
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                                 0o666)
+            try:
+                with os.fdopen(descriptor, "w") as handle:
+                    json.dump(asdict(self), handle, indent=2)
+                    handle.write("\n")
+                os.replace(temporary, path)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.unlink(temporary)
+                raise
         except OSError as error:
-            sys.stderr.write(f"xlarun: cannot write the summary file {path}: {error.strerror}\n")
+            say(f"cannot write the summary file {path}: {error.strerror}")
 
 
 def failure_as_dict(failure: FailureRecord) -> dict[str, Any]:
