@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fetch the Python set-up code of every torch_xla release the release matrix test runs
-# (tests/test_release_matrix.py) into .venv/torch-xla-sources/<version>/, once.
+# (tests/launch/test_release_matrix.py) into .venv/torch-xla-sources/<version>/, once.
 #
 # Each release's wheel is downloaded from the package index with pip, for CPython 3.10 on
 # manylinux_2_28 x86_64 (the one tag every release from 2.1 to 2.9 is published for), and only

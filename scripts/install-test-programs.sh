@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
-# Install the programs some tests run that pip cannot bring: Open MPI's mpirun (Debian's openmpi-bin)
-# and Slurm's scontrol (slurm-client, whose host-list expansion the tests compare with xlarun's).
+# Install the programs some tests run that pip cannot bring: Open MPI's mpirun (Debian's openmpi-bin),
+# Slurm's scontrol (slurm-client, whose host-list expansion the tests compare with xlarun's), and zsh and
+# tcsh (the shells whose completion scripts the tests load).
 # Needs root and apt-get; installs only what is missing from PATH.
 set -euo pipefail
 say() { echo "install-test-programs: $*" >&2; }
 missing=()
 command -v mpirun >/dev/null || missing+=(openmpi-bin)
 command -v scontrol >/dev/null || missing+=(slurm-client)
+command -v zsh >/dev/null || missing+=(zsh)
+command -v tcsh >/dev/null || missing+=(tcsh)
 [ ${#missing[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" -ne 0 ] || ! command -v apt-get >/dev/null; then
     say "cannot install ${missing[*]} (needs root and apt-get): the tests that run them will skip"

@@ -1,29 +1,51 @@
 #!/usr/bin/env bash
-# Set up .venv (see setup-venv.sh), lint with ruff and type-check with mypy (both configured in
-# pyproject.toml, over xlarun/ and scripts/), then run the test suite. Extra arguments go to pytest:
-# scripts/test.sh -m "not slurm" skips the Slurm cluster, scripts/test.sh -m unit runs the unit layer.
-# pytest runs even when a check fails, so one run reports everything; the script then fails with
-# pytest's status, or with the checks' when the tests passed. pytest exits 5 when it collected no
-# test: that is a failure here, as every other non-zero code.
+# Set up both test stacks (see setup-venv.sh), lint with ruff and type-check with mypy (both
+# configured in pyproject.toml, over xlarun/ and scripts/), then run the test suite on each stack:
+#   .venv       torch 2.9 + torch_xla 2.9: the whole suite;
+#   .venv-next  the newest torch that installs here, with torch_tpu and libtpu and no torch_xla: every
+#               test that needs no torch_xla (markers torch_xla, release_matrix and examples left out),
+#               with device backends not autoloaded except where a test asks for them.
+# Extra arguments go to pytest on both stacks: scripts/test.sh -m unit runs the unit layer,
+# scripts/test.sh -m "not slurm" skips the Slurm cluster. XLARUN_TEST_STACKS="xla" (or "next")
+# runs one stack only. Every check runs even when one before it failed, so one run reports
+# everything; the script then fails with the first failing status. pytest exits 5 when it
+# collected no test: that is a failure here, as every other non-zero code.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-scripts/setup-venv.sh
+stacks=${XLARUN_TEST_STACKS:-xla next}
+for stack in $stacks; do
+    scripts/setup-venv.sh "$stack"
+done
 # The release matrix test's torch_xla sources, fetched once into .venv; a failure is reported there
 # and makes those tests skip (fail under CI), not the whole run.
 scripts/fetch-torch-xla-sources.sh || true
-# Open MPI's mpirun and Slurm's scontrol for the tests that run them (Debian's packages, as root);
+# Open MPI's mpirun, Slurm's scontrol, zsh and tcsh for the tests that run them (Debian's packages, as root);
 # where they cannot be installed those tests skip, except under CI, where they fail.
 scripts/install-test-programs.sh || true
-check_status=0
-.venv/bin/python -m ruff check --quiet || check_status=$?
-.venv/bin/python -m mypy || check_status=$?
+
 status=0
-.venv/bin/python -m pytest "$@" || status=$?
-if [ "$status" -eq 5 ]; then
-    echo "test.sh: pytest collected no tests" >&2
-fi
-if [ "$status" -eq 0 ] && [ "$check_status" -ne 0 ]; then
-    echo "test.sh: ruff or mypy found problems in xlarun/ or scripts/" >&2
-    status=$check_status
-fi
+record() {
+    local code=$1 what=$2
+    if [ "$code" -eq 5 ]; then
+        echo "test.sh: $what collected no tests" >&2
+    elif [ "$code" -ne 0 ]; then
+        echo "test.sh: $what failed (exit $code)" >&2
+    fi
+    if [ "$status" -eq 0 ]; then
+        status=$code
+    fi
+}
+checker=.venv/bin/python
+[ -x "$checker" ] || checker=.venv-next/bin/python
+code=0; "$checker" -m ruff check --quiet || code=$?; record "$code" "ruff"
+code=0; "$checker" -m mypy || code=$?; record "$code" "mypy"
+for stack in $stacks; do
+    code=0
+    case "$stack" in
+        xla) .venv/bin/python -m pytest "$@" || code=$? ;;
+        next) TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-next/bin/python -m pytest \
+                  -m "not torch_xla and not release_matrix and not examples and not slurm" "$@" || code=$? ;;
+    esac
+    record "$code" "pytest on the $stack stack"
+done
 exit "$status"

@@ -2,7 +2,9 @@
 
 - ``run_xlarun(*args, env=..., cwd=...)`` runs ``python -m xlarun ARGS`` to completion and
   returns ``Run(returncode, stdout, stderr)`` (a tuple).
-- ``start_xlarun(...)`` starts it without waiting, for tests that signal the launcher.
+- ``start_xlarun(...)`` starts it without waiting, for tests that signal the launcher (``start_torchrun``
+  likewise); ``start_signal_recorders(out_dir, launcher_args)`` starts two ``signal_recorder.py``
+  workers under one and returns once they are ready, ``recorded_signals(out_dir, rank)`` what each got.
 - ``plan(*args, env=...)``: the JSON plan ``xlarun --dry-run ARGS`` prints.
 - ``clean_env(extra)``: this process's environment without anything a launcher reads
   or sets (``PET_*``, ranks, ``TORCHELASTIC_*``, ``OMP_NUM_THREADS``...), so each test
@@ -129,10 +131,35 @@ def run_torchrun(*args: object, env: Mapping[str, str] | None = None, cwd: os.Pa
 
 
 def start_xlarun(*args: object, env: Mapping[str, str] | None = None,
-                 cwd: os.PathLike | str | None = None) -> subprocess.Popen:
-    """Start xlarun in the background (its output captured as text); the caller waits for it."""
-    return subprocess.Popen([*XLARUN, *map(str, args)], env=clean_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
+                 cwd: os.PathLike | str | None = None, launcher: Sequence[str] = XLARUN) -> subprocess.Popen:
+    """Start xlarun (or ``launcher``) in the background, its output captured as text; the caller waits for it."""
+    return subprocess.Popen([*launcher, *map(str, args)], env=clean_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def start_torchrun(*args: object, env: Mapping[str, str] | None = None,
+                   cwd: os.PathLike | str | None = None) -> subprocess.Popen:
+    return start_xlarun(*args, env=env, cwd=cwd, launcher=TORCHRUN)
+
+
+def recorded_signals(out_dir: Path, rank: int) -> list[str]:
+    """The signals ``signal_recorder.py`` of ``rank`` received, in order."""
+    path = out_dir / f"{rank}.signals"
+    return path.read_text().split() if path.exists() else []
+
+
+def start_signal_recorders(out_dir: Path, launcher_args: Sequence[object] = (), worker_flags: Sequence[str] = (),
+                           *, env: Mapping[str, str] | None = None,
+                           start: Callable[..., subprocess.Popen] = start_xlarun) -> subprocess.Popen:
+    """Two recording workers under ``start``'s launcher, started and ready for signals.
+
+    ``launcher_args`` must give the port (``--master-port``). They run in ``out_dir``: a worker
+    ended by SIGQUIT may leave a core file in its cwd.
+    """
+    launcher = start("--nproc_per_node", "2", *launcher_args, worker("signal_recorder.py"), out_dir,
+                     *worker_flags, env=env, cwd=out_dir)
+    wait_for(files_exist(out_dir / "0.ready", out_dir / "1.ready"), "workers to install their handlers")
+    return launcher
 
 
 def finish(process: subprocess.Popen, timeout: float = RUN_TIMEOUT_S) -> Run:

@@ -10,6 +10,7 @@ loading the option table.
 from __future__ import annotations
 
 import enum
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -45,6 +46,46 @@ class StreamSpec:
         if self.per_rank is not None:
             return self.per_rank.get(local_rank, 0)
         return self.default
+
+
+TORCHRUN_HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+"""What torchrun handles (forwards to the workers, then stops them) unless ``--signals-to-handle`` says otherwise."""
+_UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+
+
+@dataclass(frozen=True)
+class SignalList:
+    """``--signals-to-handle``: the signals named, and the text as given.
+
+    torchrun 2.10 and later put the text in every worker's environment as
+    ``TORCHELASTIC_SIGNALS_TO_HANDLE`` (after overwriting whatever the launcher's environment
+    held there), so it is kept as given, spaces and all.
+    """
+
+    signals: tuple[signal.Signals, ...] = TORCHRUN_HANDLED_SIGNALS
+    text: str = ",".join(number.name for number in TORCHRUN_HANDLED_SIGNALS)
+
+    @classmethod
+    def parse(cls, text: str) -> SignalList:
+        """torchrun's format: names as the ``signal`` module spells them (``SIGUSR1``), comma-separated.
+
+        An empty item is skipped, as torchrun skips it. A name torchrun would only warn about
+        (``SIGFOO``, ``USR1``) or could not handle (``SIGKILL``) is refused: a launch that
+        silently handles less than it was told to is worse than one that does not start.
+        """
+        signals: list[signal.Signals] = []
+        for item in text.split(","):
+            name = item.strip()
+            if not name:
+                continue
+            number = signal.Signals.__members__.get(name)
+            if number is None:
+                raise InvalidValue(f"{name!r} is no signal name")
+            if number in _UNCATCHABLE:
+                raise InvalidValue(f"{name} cannot be handled")
+            if number not in signals:
+                signals.append(number)
+        return cls(tuple(signals), text)
 
 
 def parse_port(text: str) -> int:
@@ -159,6 +200,9 @@ class LaunchConfig:
     rdzv_id: str = "none"
     rdzv_conf: Mapping[str, str] = field(default_factory=dict)
     standalone: bool = False
+    """``--standalone``, or a lone node that torchrun 2.12 and newer runs so (see :attr:`torchrun`)."""
+    torchrun: tuple[int, int] = (2, 15)
+    """The torchrun release whose behaviour the launch follows where releases differ: the installed torch's."""
     max_restarts: int = 0
     role: str = "default"
     local_addr: str | None = None
@@ -167,7 +211,15 @@ class LaunchConfig:
     tee: StreamSpec = StreamSpec()
     local_ranks_filter: frozenset[int] | None = None
     log_line_prefix_template: str | None = None
-    kill_timeout: float = 30.0
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    """Tee'd stdout lines holding any of these go to ``attempt_<n>/filtered_stdout.log`` too (none: no file)."""
+    duplicate_stderr_filters: tuple[str, ...] = ()
+    """As :attr:`duplicate_stdout_filters`, for stderr: ``attempt_<n>/filtered_stderr.log``."""
+    shutdown_timeout: float = 30.0
+    """Seconds between the stop signal and SIGKILL when the workers are stopped."""
+    signals_to_handle: SignalList = SignalList()
+    virtual_local_rank: bool = False
+    """Every worker gets ``LOCAL_RANK=0`` and only its own device in ``CUDA_VISIBLE_DEVICES``."""
     summary_file: str | None = None
     dry_run: bool = False
     allow_busy_device: bool = False

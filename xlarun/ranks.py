@@ -24,6 +24,15 @@ class NodeAssignment:
     master_port: int
     restart_count: int = 0
     agent_store: bool = False
+    hosts: tuple[str, ...] = ()
+    """Every node's address in node-rank order, as the rendezvous learnt them, where the launch asked
+    for them (TorchTPU's address list across hosts); empty otherwise."""
+    worker_ports: tuple[int, ...] = ()
+    """Ports picked free on this host for the attempt, one per local rank, where the device needs
+    ports of its own (TorchTPU on one host); empty otherwise."""
+    job_started_ns: int = 0
+    """When the job's first attempt was seated (``time.time_ns()``), the same on every node and every
+    attempt: one id for the whole job (TorchTPU's profiling session)."""
 
     def global_rank(self, local_rank: int) -> int:
         return self.rank_offset + local_rank

@@ -11,14 +11,16 @@ from pathlib import Path
 import pytest
 from helpers import PYTHON, XLARUN, clean_env, plan, run_xlarun, worker
 
-# torchrun 2.9's flags (first spelling as its --help shows it), in its order.
+# torchrun 2.15's flags (first spelling as its --help shows it), in its order.
 TORCHRUN_FLAGS = [
     "--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
     "--standalone", "--max-restarts", "--monitor-interval", "--start-method", "--event-log-handler", "--role",
-    "-m", "--no-python", "--run-path", "--log-dir", "-r", "-t", "--local-ranks-filter", "--node-rank",
-    "--master-addr", "--master-port", "--local-addr", "--logs-specs", "--numa-binding",
+    "-m", "--no-python", "--run-path", "--log-dir", "-r", "-t", "--log-line-prefix-template",
+    "--local-ranks-filter", "--duplicate-stdout-filters", "--duplicate-stderr-filters", "--node-rank",
+    "--master-addr", "--master-port", "--local-addr", "--logs-specs", "--numa-binding", "--signals-to-handle",
+    "--shutdown-timeout", "--virtual-local-rank", "--print-completion",
 ]
-XLARUN_OWN_FLAGS = ["--dry-run", "--kill-timeout", "--summary-file"]
+XLARUN_OWN_FLAGS = ["--dry-run", "--summary-file", "--device"]
 
 
 def first_env(document: dict) -> dict[str, str]:
@@ -182,8 +184,12 @@ def test_help_names_every_value_and_marks_the_script_required(help_text: str) ->
 @pytest.mark.parametrize("spelling, default", [
     ("--nnodes", "1:1"), ("--nproc-per-node", "1"), ("--master-addr", "127.0.0.1"), ("--master-port", "29500"),
     ("--rdzv-backend", "static"), ("--max-restarts", "0"), ("--device", "auto; env: XLARUN_DEVICE"),
-    ("--cluster", "none; env: XLARUN_CLUSTER"), ("--runtime", "auto"), ("--kill-timeout", "30"),
+    ("--cluster", "none; env: XLARUN_CLUSTER"), ("--runtime", "auto"),
     ("--rdzv-endpoint", "MASTER_ADDR:29400 under c10d"),
+    ("--shutdown-timeout", "30; env: TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
+    ("--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
+    ("--log-line-prefix-template", "[${role_name}${local_rank}]:"),
+    ("--duplicate-stdout-filters", "no copy"), ("--duplicate-stderr-filters", "no copy"),
 ])
 def test_help_shows_the_defaults(help_text: str, spelling: str, default: str) -> None:
     assert help_row(help_text, spelling).endswith(f"[default: {default}]")

@@ -1,8 +1,9 @@
 """PJRT's CPU client under xlarun: every process is an XLA world of its own, and xlarun says so.
 
-- Before several CPU processes start, one line explains the split and what to use instead,
-  whether the device was asked for or detected; a run that then fails on the store port
-  (each process took itself for rank 0) ends with a line naming the split, not a taken port.
+- Before several CPU processes of an XLA run start (``--device cpu`` or ``PJRT_DEVICE=CPU``
+  given), one line explains the split and what to use instead; a plain job on a host that has
+  torch_xla gets no such line. A run that then fails on the store port (each process took
+  itself for rank 0) ends with a line naming the split, not a taken port, either way.
 - The ordinals a CPU worker sees agree with each other (no local place of 1 of 2 in a world
   of one), so the master-only ``xm.save`` writes in every process.
 - Workers that move MASTER_PORT and serve their own store (torch_xla's ``test_ddp``) run,
@@ -26,16 +27,21 @@ def xlarun_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("xlarun:")]
 
 
-@pytest.mark.parametrize("device_flags", [[], ["--device", "cpu"]], ids=["detected", "given"])
-def test_torch_xla_join_of_two_cpu_processes_is_explained_before_and_after(device_flags: list[str]) -> None:
+@pytest.mark.parametrize("device_flags, env", [([], {}), (["--device", "cpu"], {}), ([], {"PJRT_DEVICE": "CPU"})],
+                         ids=["detected", "given", "from PJRT_DEVICE"])
+def test_torch_xla_join_of_two_cpu_processes_is_explained(device_flags: list[str], env: dict[str, str]) -> None:
     result = run_xlarun("--nproc-per-node", "2", "--master-port", free_port(), *device_flags,
-                        worker("xla_torch_join.py"))
+                        worker("xla_torch_join.py"), env=env)
     assert result.returncode != 0
     lines = xlarun_lines(result.stderr)
-    [warning] = [line for line in lines if line.startswith("xlarun: warning:")]
-    assert "2 CPU processes an XLA world of its own" in warning
-    assert "--spmd --virtual-devices N" in warning and "gloo" in warning
-    assert result.stderr.index(warning) < result.stderr.index("Root Cause")
+    warnings = [line for line in lines if line.startswith("xlarun: warning:")]
+    if device_flags or env:
+        [warning] = warnings
+        assert "2 CPU processes an XLA world of its own" in warning
+        assert "--spmd --virtual-devices N" in warning and "gloo" in warning
+        assert result.stderr.index(warning) < result.stderr.index("Root Cause")
+    else:
+        assert warnings == []
     assert "EADDRINUSE" in result.stderr  # the worker's own traceback, quoted by the report
     [cause] = [line for line in lines if "took itself for rank 0" in line]
     assert result.stderr.index(cause) > result.stderr.index("Root Cause")

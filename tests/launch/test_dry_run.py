@@ -24,13 +24,15 @@ GPU_HOST = TESTS / "fixtures" / "hosts" / "nvidia-8gpu"
 # The plan's keys with their types where every value is known (a single static node).
 PLAN_KEYS = {"run_id": str, "device": str, "runtime": str, "node_rank": int, "nnodes": list,
              "nproc_per_node": int, "world_size": int, "master_addr": str, "master_port": int,
-             "rdzv_backend": str, "rdzv_endpoint": str, "decided_at_rendezvous": list, "notices": list,
+             "rdzv_backend": str, "follows_torchrun": str, "rdzv_endpoint": str, "decided_at_rendezvous": list,
+             "notices": list,
              "assumed": list, "device_holders": list, "env_bytes": int, "workers": list}
 WORKER_KEYS = {"local_rank": int, "rank": int, "argv": list, "env": dict}
 
 
 def test_schema_keys_and_types(tmp_path: Path) -> None:
-    document = plan("--nproc_per_node", "2", worker("marker.py"), tmp_path / "marker")
+    # A master port given: a lone node without one follows the installed torch (tests/launch/test_torch_releases.py).
+    document = plan("--nproc_per_node", "2", "--master_port", "29611", worker("marker.py"), tmp_path / "marker")
     assert set(document) == set(PLAN_KEYS)
     for key, kind in PLAN_KEYS.items():
         assert type(document[key]) is kind, key

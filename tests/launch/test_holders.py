@@ -6,6 +6,7 @@ opens one shows its path in its real ``/proc/<pid>/fd``, which is what the scan 
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -116,7 +117,9 @@ def test_find_holders_skips_the_excluded_and_the_daemons_that_hold_gpus_by_desig
 
 
 def tpu_env(root: Path) -> Mapping[str, str]:
-    # TPU_LIBRARY_PATH stands in for libtpu, which a CPU machine lacks; no worker here loads it.
+    # TPU_LIBRARY_PATH stands in for libtpu, which a CPU machine lacks; no worker here loads it. It names
+    # a file, as TorchTPU (the runtime where torch_tpu is installed without torch_xla) needs.
+    (root / "libtpu.so").touch()
     return {"XLARUN_HOST_ROOT": str(root), "TPU_LIBRARY_PATH": str(root / "libtpu.so")}
 
 
@@ -132,6 +135,21 @@ def test_a_held_device_refuses_the_launch_naming_the_holder(tpu_host: Path, hold
     assert f"{tpu_host.resolve()}/dev/accel0" in held[0] and "TORCHELASTIC_RUN_ID=earlier" in held[0]
     assert last.startswith("xlarun: the tpu device is in use by 1 other process") and flag("allow_busy_device") in last
     assert "Traceback" not in result.stderr and launcher_frames(result.stderr) == []
+    assert not marker.exists(), "a worker ran"
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch_tpu") is None,
+                    reason="torch_tpu is not installed in this Python (the .venv stack)")
+def test_a_held_vfio_group_refuses_a_torchtpu_launch(tpu_host: Path, holders: Holders, tmp_path: Path) -> None:
+    # TorchTPU opens the chips through /dev/vfio/<iommu group>.
+    make_files(tpu_host, "dev/vfio/3", "dev/vfio/vfio")
+    holder = holders.hold(tpu_host / "dev" / "vfio" / "3")
+    marker = tmp_path / "ran"
+    result = run_xlarun("--runtime", "torchtpu", "--nproc_per_node", "2", worker("marker.py"), marker,
+                        env=tpu_env(tpu_host))
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith(f"xlarun: pid {holder} holds {tpu_host.resolve()}/dev/vfio/3 ")
+    assert "the tpu device is in use by 1 other process" in result.stderr.splitlines()[-1]
     assert not marker.exists(), "a worker ran"
 
 

@@ -10,17 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import stat
 import uuid
 from pathlib import Path
 
 import pytest
-from helpers import CONTRACT_VARIABLES, PYTHON, WORKERS, free_port, run_torchrun, run_xlarun, worker
-
-# What xlarun adds for the XLA runtime (the device layer's job), absent under torchrun.
-XLA_ADDITIONS = re.compile(r"^(PJRT_|XLA_|XRT_|TPU_|NEURON_|CPU_NUM_DEVICES$|XLARUN_)")
-RANDOM_BY_DESIGN = ("TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT_STORE", "DUMP_DIR")
+from helpers import CONTRACT_VARIABLES, PYTHON, WORKERS, free_port, run_xlarun, worker
+from parity import assert_same_contract, launch_both
 
 
 def dump_script_for_no_python(directory: Path) -> str:
@@ -29,46 +25,6 @@ def dump_script_for_no_python(directory: Path) -> str:
     program.write_text(f"#!{PYTHON}\n" + (WORKERS / "dump_env.py").read_text())
     program.chmod(program.stat().st_mode | stat.S_IXUSR)
     return str(program)
-
-
-def launch_both(tmp_path: Path, args: list[str], env: dict[str, str]) -> tuple[dict, dict]:
-    """Run the invocation under each launcher from the same cwd; the dumps keyed by file name."""
-    work = tmp_path / "work"
-    work.mkdir(exist_ok=True)
-    dumps = {}
-    for name, run in (("torchrun", run_torchrun), ("xlarun", run_xlarun)):
-        dump_dir = tmp_path / name
-        dump_dir.mkdir()
-        result = run(*args, env={**env, "DUMP_DIR": str(dump_dir)}, cwd=work)
-        assert result.returncode == 0, f"{name} {args} failed:\n{result.stderr}"
-        dumps[name] = {path.name: json.loads(path.read_text()) for path in sorted(dump_dir.glob("*.json"))}
-    return dumps["torchrun"], dumps["xlarun"]
-
-
-def assert_same_contract(torchrun: dict, xlarun: dict, also_random: tuple[str, ...] = ()) -> None:
-    assert torchrun, "torchrun's workers wrote nothing"
-    assert sorted(xlarun) == sorted(torchrun), "different workers (rank_restart) ran"
-    for name, expected in torchrun.items():
-        got = xlarun[name]
-        for key in ("argv", "command_line", "cwd", "executable"):
-            assert got[key] == expected[key], f"{name}: {key}"
-        expected_env = {k: v for k, v in expected["env"].items() if k not in RANDOM_BY_DESIGN + also_random}
-        got_env = {k: v for k, v in got["env"].items() if k not in RANDOM_BY_DESIGN + also_random}
-        added = {k for k in got_env.keys() - expected_env.keys() if XLA_ADDITIONS.match(k)}
-        assert {k: got_env[k] for k in got_env.keys() - added} == expected_env, name
-        assert expected["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "True"
-        assert got["env"]["TORCHELASTIC_USE_AGENT_STORE"] == "False"
-        assert_error_file_shape(got["env"], expected["env"])
-
-
-def assert_error_file_shape(xlarun_env: dict, torchrun_env: dict) -> None:
-    """``<log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/error.json`` under both."""
-    tail = f"/attempt_{torchrun_env['TORCHELASTIC_RESTART_COUNT']}/{torchrun_env['LOCAL_RANK']}/error.json"
-    for env in (xlarun_env, torchrun_env):
-        path = env["TORCHELASTIC_ERROR_FILE"]
-        assert path.endswith(tail), path
-        run_dir = Path(path[: -len(tail)]).name
-        assert run_dir.startswith(env["TORCHELASTIC_RUN_ID"] + "_"), path
 
 
 def invocations(tmp_path: Path) -> dict[str, tuple[list[str], dict[str, str]]]:

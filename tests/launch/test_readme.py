@@ -3,20 +3,21 @@
 Every xlarun command line the README shows — each line of its ``bash`` blocks and each
 inline command that names a script — runs here under ``xlarun --dry-run``, on the fake host
 its section is about (a TPU VM under "TPU", a trn1.32xlarge under "Neuron", ...) and, for
-``--cluster``, in the environment the scheduler gives (the recorded fixtures). Shell
-variables the README's recipes compute on a real machine (``$WORKER_ID`` from the TPU
-metadata server, ...) take sample values. A bash line that runs anything else must be one
-of the few other programs the README may show (pip, the scripts), so no command escapes.
+``--cluster``, in the environment the scheduler gives (the recorded fixtures; for ``tpu-vm``
+a stub of the VM's metadata server, ``tests/metadata.py``). A bash line that runs anything
+else must be one of the few other programs the README may show (pip, the scripts), so no
+command escapes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
-import re
 import shlex
 
 import pytest
 from helpers import REPO, TESTS, run_xlarun
+from metadata import serve_metadata, slice_attributes
 from readme import Command, readme_commands
 
 HOSTS = TESTS / "fixtures" / "hosts"
@@ -27,19 +28,15 @@ SECTION_HOSTS = {"TPU": ("tpu-v4-vm", "tpu"), "AWS Neuron": ("trn1-32xlarge", "n
                  "XLA:GPU": ("nvidia-8gpu", "cuda"), "CPU": ("gce-cpu-vm", "cpu")}
 CLUSTER_FIXTURES = {"slurm": "slurm_step_node1", "k8s": "k8s_pytorchjob_worker1", "gke-tpu": "gke_tpu_worker1",
                     "mpi": "mpi_npernode1_rank1"}
-# What the README's recipes compute on a real machine (a 4-host TPU slice here).
-SHELL_VALUES = {"WORKER_ID": "1", "WORKER0": "10.130.0.2", "NHOSTS": "4", "TPU_HOST_BOUNDS": "1,1,4",
-                "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1"}
+# What worker 1 of a two-host v4-16 slice's metadata server says, for --cluster tpu-vm.
+TPU_VM = slice_attributes(1, ["10.130.0.2", "10.130.0.3"])
 COMMANDS, OTHERS = readme_commands()
 
 
 def argv(command: Command) -> list[str]:
-    """The command's words from ``xlarun`` on, the recipe's shell variables given their sample values."""
-    def value(match: re.Match[str]) -> str:
-        assert match.group(1) in SHELL_VALUES, f"unknown shell variable in {command.line}"
-        return SHELL_VALUES[match.group(1)]
-
-    words = shlex.split(re.sub(r"\$\{?(\w+)\}?", value, command.line))
+    """The command's words from ``xlarun`` on; the README's commands need no shell variables."""
+    assert "$" not in command.line and not command.exported, command.line
+    words = shlex.split(command.line)
     return words[words.index("xlarun"):]
 
 
@@ -47,14 +44,17 @@ def argv(command: Command) -> list[str]:
 def test_every_readme_command_plans(command: Command) -> None:
     words = argv(command)
     host = next((value for key, value in SECTION_HOSTS.items() if command.section.startswith(key)), None)
-    env = {name: SHELL_VALUES[name] for name in command.exported}
+    env: dict[str, str] = {}
     if host is not None:
         env["XLARUN_HOST_ROOT"] = str(HOSTS / host[0])
-    if "--cluster" in words:
-        cluster = words[words.index("--cluster") + 1]
+    cluster = words[words.index("--cluster") + 1] if "--cluster" in words else None
+    if cluster in CLUSTER_FIXTURES:
         env.update(json.loads((CLUSTERS / f"{CLUSTER_FIXTURES[cluster]}.json").read_text())["environ"])
     flags = [word for word in words[1:] if word != "--dry-run"]
-    result = run_xlarun("--dry-run", *flags, env=env, cwd=REPO)
+    with serve_metadata(TPU_VM) if cluster == "tpu-vm" else contextlib.nullcontext() as metadata:
+        if metadata is not None:
+            env["GCE_METADATA_HOST"] = metadata.host
+        result = run_xlarun("--dry-run", *flags, env=env, cwd=REPO)
     assert result.returncode == 0, f"{command.line}\n{result.stderr}"
     document = json.loads(result.stdout)
     if host is not None and "--device" not in words:

@@ -13,24 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from helpers import files_exist, finish, is_alive, read_pid, run_xlarun, start_xlarun, wait_for, worker
-
-
-def recorded(out_dir: Path, rank: int) -> list[str]:
-    path = out_dir / f"{rank}.signals"
-    return path.read_text().split() if path.exists() else []
+from helpers import finish, is_alive, read_pid, run_xlarun, start_signal_recorders, wait_for, worker
+from helpers import recorded_signals as recorded
 
 
 def start_recorders(out_dir: Path, port: int, launcher_flags: Sequence[str] = (),
                     worker_flags: Sequence[str] = ()) -> subprocess.Popen:
-    """Two recording workers, started and ready for signals.
-
-    They run in ``out_dir``: a worker ended by SIGQUIT may leave a core file in its cwd.
-    """
-    launcher = start_xlarun("--nproc_per_node", "2", "--master_port", port, *launcher_flags,
-                            worker("signal_recorder.py"), out_dir, *worker_flags, cwd=out_dir)
-    wait_for(files_exist(out_dir / "0.ready", out_dir / "1.ready"), "workers to install their handlers")
-    return launcher
+    return start_signal_recorders(out_dir, ["--master_port", port, *launcher_flags], worker_flags)
 
 
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT],

@@ -7,6 +7,7 @@ chips. Device detection reads the fake host trees in ``tests/fixtures/hosts``.
 
 from __future__ import annotations
 
+import importlib.util
 import itertools
 import json
 import re
@@ -119,13 +120,14 @@ def xrt_expected(kind: str, node_rank: int, local_rank: int) -> dict[str, str]:
             "XRT_HOST_WORLD_SIZE": "2", "XRT_MESH_SERVICE_ADDRESS": f"{MASTER_ADDR}:{COORDINATOR_PORT}"}
 
 
-# name: (flags, environment, plan's device and runtime, XLA variables of (node_rank, local_rank))
+# name: (flags, environment, plan's device and runtime, XLA variables of (node_rank, local_rank)). TPU's
+# runtime is pinned: where torch_tpu is installed without torch_xla, auto takes TorchTPU (test_torchtpu.py).
 TRANSLATIONS = {
-    "tpu": (["--device", "tpu", "--nproc_per_node", "2"], {}, ("tpu", "pjrt"),
+    "tpu": (["--device", "tpu", "--runtime", "pjrt", "--nproc_per_node", "2"], {}, ("tpu", "pjrt"),
             lambda node, local: {**common("TPU", local, 2), "TPU_VISIBLE_CHIPS": str(local),
                                  "TPU_PROCESS_PORT": str(8476 + local)}),
     "tpu with slice topology": (
-        ["--device", "tpu", "--nproc_per_node", "4"], V4_16_SLICE, ("tpu", "pjrt"),
+        ["--device", "tpu", "--runtime", "pjrt", "--nproc_per_node", "4"], V4_16_SLICE, ("tpu", "pjrt"),
         lambda node, local: {**common("TPU", local, 4), "TPU_VISIBLE_CHIPS": str(local),
                              "TPU_PROCESS_PORT": str(8476 + local), "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
                              "TPU_PROCESS_BOUNDS": "2,2,2"}),
@@ -210,7 +212,7 @@ def test_coordinator_port_flag_overrides_the_rule_on_every_node(name: str) -> No
 WORLD_COUNT_VARIABLES = ("WORLD_SIZE", "ROLE_WORLD_SIZE", "NEURON_PJRT_WORLD_SIZE", "XRT_SHARD_WORLD_SIZE")
 NODE_COUNT_VARIABLES = ("GROUP_WORLD_SIZE", "XRT_HOST_WORLD_SIZE")
 SIZED = {
-    "tpu": ["--device", "tpu"],
+    "tpu": ["--device", "tpu", "--runtime", "pjrt"],
     "neuron": ["--device", "neuron"],
     "cuda": ["--device", "cuda"],
     "cpu": ["--device", "cpu"],
@@ -313,8 +315,14 @@ def test_dry_run_refuses_coordinator_port_equal_to_master_port_too() -> None:
 
 # --- device auto on fake hosts, without torch at start-up ------------------------------------------------
 
+# Without torch_xla but with torch_tpu (the second stack) auto takes TorchTPU on a TPU host.
+TPU_AUTO = ((lambda local: {"TORCH_TPU_TOPOLOGY": "2,2,1", "TORCH_TPU_DEVICES_PER_HOST": "4"})
+            if importlib.util.find_spec("torch_xla") is None and importlib.util.find_spec("torch_tpu") is not None
+            else lambda local: {"PJRT_DEVICE": "TPU", "TPU_VISIBLE_CHIPS": str(local)})
+
+
 @pytest.mark.parametrize("host, device, units, per_worker", [
-    ("tpu-v4-vm", "tpu", 4, lambda local: {"PJRT_DEVICE": "TPU", "TPU_VISIBLE_CHIPS": str(local)}),
+    ("tpu-v4-vm", "tpu", 4, TPU_AUTO),
     ("trn1-32xlarge", "neuron", 32, lambda local: {"PJRT_DEVICE": "NEURON", "NEURON_PJRT_WORLD_SIZE": "32"}),
     ("inf2-xlarge", "neuron", 2, lambda local: {"PJRT_DEVICE": "NEURON", "NEURON_PJRT_WORLD_SIZE": "2"}),
 ])

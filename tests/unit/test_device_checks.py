@@ -42,6 +42,7 @@ def nodes(nnodes: int, nproc: int, node_rank: int) -> NodeAssignment:
 
 # --- a device or runtime this host lacks ------------------------------------------------------------
 
+@pytest.mark.torch_xla  # torch_xla's own packages; the TorchTPU stack brings libtpu
 @pytest.mark.parametrize("device, message", [
     ("tpu", "device tpu needs libtpu"),
     ("neuron", "device neuron needs the AWS Neuron SDK's libneuronxla package"),
@@ -55,6 +56,7 @@ def test_a_dry_run_plans_for_a_machine_this_host_is_not(device: str) -> None:
     assert prepare("--dry-run", "--device", device, "t.py").device.device == device
 
 
+@pytest.mark.torch_xla  # under TorchTPU a TPU_LIBRARY_PATH that names no file is refused
 def test_the_host_check_counts_the_devices_it_finds() -> None:
     # A TPU VM host with its libtpu: nothing to refuse.
     env = {"XLARUN_HOST_ROOT": str(HOSTS / "tpu-v4-vm"), "TPU_LIBRARY_PATH": "/opt/libtpu.so"}

@@ -12,7 +12,7 @@ import pytest
 
 from xlarun.console import StatusLine
 from xlarun.rendezvous import AttemptEnd
-from xlarun.rendezvous.joining import Member, Roster, Seat, membership_change, take_seat
+from xlarun.rendezvous.joining import Member, Roster, Seat, membership_change, read_roster, seat_attempt, take_seat
 from xlarun.rendezvous.store import JobKeys
 from xlarun.rendezvous.watching import Heartbeat, Monitor, News, Watchdog, announce
 
@@ -104,6 +104,22 @@ def test_every_node_gets_its_seat_from_the_leader_in_node_rank_order() -> None:
 
     assert [(seats[rank].node_rank, seats[rank].rank_offset, seats[rank].world_size) for rank in range(3)] == \
         [(0, 0, 5), (1, 1, 5), (2, 4, 5)]
+
+
+def test_nodes_with_places_in_a_tpu_slice_are_ranked_by_them_not_by_the_rounds_order() -> None:
+    store = MemoryStore()
+    store.set(KEYS("host_agent"), "9")
+    # The round's order: host-c, host-a, host-b; their worker numbers in the slice: 2, 0, 1.
+    members = [Member(9, "host-c", 4, place=2), Member(7, "host-a", 4, place=0), Member(3, "host-b", 4, place=1)]
+    seats = seat_attempt(store, KEYS, 0, members, "host-c", 1234)
+    assert [(seat.node_rank, seat.rank_offset, seat.world_size) for seat in seats] == [(2, 8, 12), (0, 0, 12),
+                                                                                        (1, 4, 12)]
+    assert [member.host for member in read_roster(store, KEYS, 0).members] == ["host-a", "host-b", "host-c"]
+    assert seats[0].store_node == 2
+    # Without a place for every node the round's order stands; the job's start is set once, for every attempt.
+    later = seat_attempt(store, KEYS, 1, [*members[:2], Member(4, "host-d", 4)], "host-c", 1234)
+    assert [seat.node_rank for seat in later] == [0, 1, 2]
+    assert {seat.job_started_ns for seat in [*seats, *later]} == {seats[0].job_started_ns} != {0}
 
 
 def test_the_first_news_of_an_attempt_is_the_one_every_node_reads() -> None:

@@ -8,6 +8,7 @@ them for real to show that a refusal starts nothing.
 from __future__ import annotations
 
 import os
+import signal
 from pathlib import Path
 
 import pytest
@@ -28,7 +29,8 @@ BAD_INPUTS = {
     "nproc negative": (["--nproc_per_node", "-2"], {}, "--nproc-per-node='-2'"),
     "nproc word": (["--nproc_per_node", "many"], {}, "auto, cpu or gpu"),
     "nproc gpu without gpus": (["--nproc_per_node", "gpu"], {}, "--nproc-per-node='gpu' found no visible GPU"),
-    "nproc with spmd": (["--spmd", "--nproc_per_node", "2"], {}, "--nproc-per-node='2' cannot run under SPMD"),
+    # A dry run: the refusal holds where torch_xla is not installed too (the real run first needs torch_xla).
+    "nproc with spmd": (["--dry-run", "--spmd", "--nproc_per_node", "2"], {}, "--nproc-per-node='2' cannot run under SPMD"),
     "master port out of range": (["--master_port", "65536"], {}, "0..65535"),
     "master port not a number": (["--master_port", "http"], {}, "--master-port='http'"),
     "node rank out of range": (["--nnodes", "2", "--node_rank", "2"], {}, "must be 0..1"),
@@ -47,9 +49,23 @@ BAD_INPUTS = {
     "start method": (["--start-method", "thread"], {}, "spawn, fork, forkserver"),
     "numa binding": (["--numa-binding", "everywhere"], {}, "node, socket"),
     "logs specs": (["--logs-specs", "fancy"], {}, "--logs-specs='fancy'"),
-    "kill timeout negative": (["--kill-timeout", "-1"], {}, "--kill-timeout='-1'"),
-    "kill timeout word": (["--kill-timeout", "soon"], {}, "--kill-timeout='soon'"),
-    "kill timeout infinite": (["--kill-timeout", "inf"], {}, "--kill-timeout='inf'"),
+    "kill timeout negative": (["--kill-timeout", "-1"], {}, "--shutdown-timeout='-1'"),
+    "kill timeout word": (["--kill-timeout", "soon"], {}, "--shutdown-timeout='soon'"),
+    "kill timeout infinite": (["--kill-timeout", "inf"], {}, "--shutdown-timeout='inf'"),
+    "shutdown timeout negative": (["--shutdown_timeout", "-5"], {}, "--shutdown-timeout='-5' is invalid"),
+    "shutdown timeout from PET": ([], {"PET_SHUTDOWN_TIMEOUT": "later"}, "(from PET_SHUTDOWN_TIMEOUT)='later'"),
+    "shutdown timeout from torch's variable": ([], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "-1"},
+                                               "--shutdown-timeout (from TORCH_ELASTIC_SHUTDOWN_TIMEOUT)='-1'"),
+    "signal name": (["--signals-to-handle", "SIGTERM,SIGFOO"], {}, "'SIGFOO' is no signal name"),
+    "signal without SIG": (["--signals_to_handle", "USR1"], {}, "'USR1' is no signal name"),
+    "signal that cannot be handled": (["--signals-to-handle", "SIGTERM,SIGKILL"], {}, "SIGKILL cannot be handled"),
+    "signal from PET": ([], {"PET_SIGNALS_TO_HANDLE": "sigterm"}, "--signals-to-handle (from PET_SIGNALS_TO_HANDLE)"),
+    "virtual local rank past CUDA_VISIBLE_DEVICES": (["--virtual-local-rank", "--nproc_per_node", "3"],
+                                                      {"CUDA_VISIBLE_DEVICES": "4,5"}, "CUDA_VISIBLE_DEVICES='4,5'"),
+    "virtual local rank PET boolean": ([], {"PET_VIRTUAL_LOCAL_RANK": "true"},
+                                       "(from PET_VIRTUAL_LOCAL_RANK) must be 0 or 1"),
+    "nproc xpu": (["--nproc_per_node", "xpu"], {}, "--nproc-per-node='xpu' is invalid (xlarun does not count XPUs"),
+    "completion shell": (["--print-completion", "fish"], {}, "'fish' is not one of 'bash', 'zsh', 'tcsh'"),
     "summary file is a directory": (["--summary-file", "/"], {}, "--summary-file='/'"),
     "device": (["--device", "gpu"], {}, "--device='gpu' is invalid: expected one of auto, tpu"),
     "device from the environment": ([], {"XLARUN_DEVICE": "fpga"}, "--device (from XLARUN_DEVICE)='fpga'"),
@@ -58,7 +74,8 @@ BAD_INPUTS = {
     "virtual devices": (["--virtual-devices", "0"], {}, "--virtual-devices='0'"),
     "virtual devices off cpu": (["--device", "tpu", "--virtual-devices", "2"], {}, "cpu device only"),
     "coordinator port": (["--coordinator-port", "70000"], {}, "--coordinator-port='70000'"),
-    "coordinator port is the master port": (["--coordinator-port", "29500"], {}, "is the master port"),
+    "coordinator port is the master port": (["--coordinator-port", "29500", "--master-port", "29500"], {},
+                                            "is the master port"),
     "spmd with xrt": (["--spmd", "--runtime", "xrt"], {}, "SPMD needs the PJRT runtime"),
     "unknown option": (["--nproc_per_node", "1", "--turbo"], {}, "--turbo"),
     "unknown short option": (["-x"], {}, "-x"),
@@ -106,7 +123,11 @@ def test_every_default_parses_as_its_row_says() -> None:
     assert values["nproc_per_node"] == NprocRequest(count=1)
     assert values["nnodes"] == (1, 1)
     assert values["master_port"] == 29500
-    assert values["kill_timeout"] == 30.0
+    assert values["shutdown_timeout"] == 30.0
+    assert values["signals_to_handle"].text == "SIGTERM,SIGINT,SIGHUP,SIGQUIT"
+    assert values["signals_to_handle"].signals == (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
+    assert values["virtual_local_rank"] is False
+    assert values["duplicate_stdout_filters"] is None and values["log_line_prefix_template"] == ""
     assert values["standalone"] is False and values["dry_run"] is False
     assert values["summary_file"] is None
 
@@ -144,7 +165,7 @@ def test_worker_count_is_resolved_once_into_the_config() -> None:
 
 
 def test_users_own_variables_are_notices_not_prints(capsys: pytest.CaptureFixture[str]) -> None:
-    prepared = prepare("--device", "cpu", "--virtual-devices", "4", "t.py", env={"CPU_NUM_DEVICES": "2"})
+    prepared = prepare("--dry-run", "--device", "cpu", "--virtual-devices", "4", "t.py", env={"CPU_NUM_DEVICES": "2"})
     assert prepared.notices == ("keeping your own CPU_NUM_DEVICES from the environment instead of the values "
                                 "xlarun would set",)
     assert capsys.readouterr() == ("", "")

@@ -186,19 +186,20 @@ def test_a_summary_file_in_a_directory_nobody_may_write_is_refused(path: str) ->
 @pytest.mark.parametrize("run_id", ["../../esc", "a/b", "/abs", "a\nb", "a\x00b", "\x1b[2J", "tab\tbed", "\x85",
                                     ".", ".."])
 def test_a_run_id_that_is_not_one_directory_name_is_refused(run_id: str) -> None:
-    message = refusal("--rdzv-id", run_id, "train.py")
+    # A master port given: without one, torchrun 2.12 and newer run a lone node on a fresh run id.
+    message = refusal("--rdzv-id", run_id, "--master-port", "29500", "train.py")
     assert message.startswith(f"--rdzv-id={run_id!r} cannot be a run id: ")
     assert "'/'" in message and "control character" in message
 
 
 def test_a_run_id_from_the_environment_is_checked_too() -> None:
-    assert "--rdzv-id (from PET_RDZV_ID)='../x' cannot be a run id" in refusal("train.py",
-                                                                                env={"PET_RDZV_ID": "../x"})
+    assert "--rdzv-id (from PET_RDZV_ID)='../x' cannot be a run id" in refusal(
+        "train.py", env={"PET_RDZV_ID": "../x", "PET_MASTER_PORT": "29500"})
 
 
 @pytest.mark.parametrize("run_id", ["job-42.1", "._hidden", "...", "élan", "a b"])
 def test_a_run_id_that_is_one_directory_name_is_taken(run_id: str) -> None:
-    assert prepare("--rdzv-id", run_id, "train.py").config.rdzv_id == run_id
+    assert prepare("--rdzv-id", run_id, "--master-port", "29500", "train.py").config.rdzv_id == run_id
 
 
 @pytest.mark.parametrize("run_id", ["../../esc", "x/..", "a/b"])

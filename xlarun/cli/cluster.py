@@ -3,9 +3,10 @@
 Each node runs one xlarun. The scheduler that started it already knows how many
 nodes the job has, which one this is and where node 0 lives; detect_cluster reads
 that from the environment so that ``srun xlarun`` with cluster ``slurm`` needs no
-other flag. Every reader here is a pure function of the mapping it is given: no
-process is started (no ``scontrol``) and ``os.environ`` is never read directly, so
-the caller decides which environment counts.
+other flag. Every reader here but ``tpu-vm``'s is a pure function of the mapping it is
+given: no process is started (no ``scontrol``) and ``os.environ`` is never read directly,
+so the caller decides which environment counts. ``tpu-vm`` asks the VM's metadata server
+(:mod:`xlarun.host.metadata`, located by the mapping's ``GCE_METADATA_HOST``).
 
 Kinds, and what each reads:
 
@@ -37,6 +38,16 @@ Kinds, and what each reads:
     ``TPU_WORKER_ID`` (node rank) and ``TPU_WORKER_HOSTNAMES`` (comma list: its length
     is the node count, its first entry node 0). Multislice jobs
     (``MEGASCALE_NUM_SLICES`` above 1) number workers per slice and are refused.
+``tpu-vm``
+    A Cloud TPU VM's metadata server: ``agent-worker-number`` (node rank),
+    ``worker-network-endpoints`` (``<name>:<uid>:<ip>`` per host in worker order: the node
+    count, and node 0's address) and ``tpu-env`` (``ACCELERATOR_TYPE``, ``HOST_BOUNDS`` and
+    ``CHIPS_PER_HOST_BOUNDS``, else torch_xla's ``TPU_PROCESS_BOUNDS`` and
+    ``TPU_CHIPS_PER_PROCESS_BOUNDS``; ``TOPOLOGY``). These also plan the device, as GKE's variables
+    would (:attr:`ClusterSettings.device_environ`: ``TPU_WORKER_ID``, ``TPU_WORKER_HOSTNAMES``,
+    ``TPU_ACCELERATOR_TYPE``, ``TPU_HOST_BOUNDS``, ``TPU_CHIPS_PER_HOST_BOUNDS``, ``TPU_TOPOLOGY``), for
+    torch_xla and TorchTPU alike; the workers do not get them. Never picked by ``auto``, which reads
+    no network.
 ``mpi``
     Open MPI with one xlarun per node (``mpirun --npernode 1``):
     ``OMPI_COMM_WORLD_SIZE`` nodes, ``OMPI_COMM_WORLD_RANK`` as node rank, the job's
@@ -58,11 +69,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from xlarun.cli.hostlist import first_host
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
+from xlarun.host.metadata import MetadataError, instance_attribute
 
 # Slurm master ports: 15000-24999, in blocks of 4 so that ports a launcher derives
 # as MASTER_PORT+1..+3 stay inside the step's own block. The range stays clear of
@@ -89,6 +101,9 @@ class ClusterSettings:
     explicit port. ``run_id`` is an id every node of the job shares, or None.
     ``nproc_per_node`` is set only when the cluster states a number of workers per
     node (Kubeflow's ``nprocPerNode``). Explicit flags win over every field.
+    ``device_environ`` is what the cluster says of the device, as the variables that would
+    say it (``tpu-vm``: the slice's shape, worker number and hosts); the launcher plans with
+    them where its environment does not set them, and the workers do not get them.
     """
 
     kind: str
@@ -98,6 +113,7 @@ class ClusterSettings:
     master_port: int | None
     run_id: str | None
     nproc_per_node: int | None = None
+    device_environ: Mapping[str, str] = field(default_factory=dict)
 
     def resolve_master_addr(self, explicit_master_addr: str | None) -> str:
         """Node 0's address: the one given on the command line, else the cluster's.
@@ -231,6 +247,44 @@ def _read_gke_tpu(environ: Mapping[str, str]) -> ClusterSettings:
                            master_port=None, run_id=None)
 
 
+TPU_ENV_VARIABLES = {
+    "ACCELERATOR_TYPE": "TPU_ACCELERATOR_TYPE",
+    "HOST_BOUNDS": "TPU_HOST_BOUNDS",
+    "TPU_PROCESS_BOUNDS": "TPU_HOST_BOUNDS",
+    "CHIPS_PER_HOST_BOUNDS": "TPU_CHIPS_PER_HOST_BOUNDS",
+    "TPU_CHIPS_PER_PROCESS_BOUNDS": "TPU_CHIPS_PER_HOST_BOUNDS",
+    "TOPOLOGY": "TPU_TOPOLOGY",
+}
+"""``tpu-env`` keys and the variables that say the same on GKE, the first key present winning (for v4
+and later ``TPU_PROCESS_BOUNDS`` is the host grid and ``TPU_CHIPS_PER_PROCESS_BOUNDS`` a host's chips,
+as torch_xla reads them)."""
+
+
+def _read_tpu_vm(environ: Mapping[str, str],
+                 attribute: Callable[[str, Mapping[str, str]], str] = instance_attribute) -> ClusterSettings:
+    try:
+        worker_text, endpoints_text, tpu_env_text = (attribute(key, environ).strip() for key in
+                                                     ("agent-worker-number", "worker-network-endpoints", "tpu-env"))
+    except MetadataError as error:
+        raise UsageError(f"{flag('cluster')} tpu-vm: {error}; run on a TPU VM (or point GCE_METADATA_HOST at "
+                         "its metadata server)") from None
+    endpoints = [endpoint.strip().split(":") for endpoint in endpoints_text.split(",")]
+    if not all(len(parts) == 3 and parts[2] for parts in endpoints):
+        raise UsageError(f"{flag('cluster')} tpu-vm: worker-network-endpoints={endpoints_text!r} is not a list of "
+                         "<name>:<uid>:<ip> entries")
+    hosts = [parts[2] for parts in endpoints]
+    _, node_rank = _whole_number({"agent-worker-number": worker_text}, "tpu-vm", ("agent-worker-number",))
+    _check_node_rank(node_rank, len(hosts), "tpu-vm", "agent-worker-number")
+    facts = {"TPU_WORKER_ID": str(node_rank), "TPU_WORKER_HOSTNAMES": ",".join(hosts)}
+    for line in tpu_env_text.splitlines():
+        key, _, value = line.partition(":")
+        variable = TPU_ENV_VARIABLES.get(key.strip())
+        if variable is not None:
+            facts.setdefault(variable, value.strip().strip("'\""))
+    return ClusterSettings(kind="tpu-vm", nnodes=len(hosts), node_rank=node_rank, master_addr=hosts[0],
+                           master_port=None, run_id=None, device_environ=facts)
+
+
 def _read_mpi(environ: Mapping[str, str]) -> ClusterSettings:
     _require(environ, "mpi", [("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_RANK",)],
              "run one xlarun per node with `mpirun --npernode 1 xlarun ...`")
@@ -256,6 +310,7 @@ _READERS: dict[str, Callable[[Mapping[str, str]], ClusterSettings]] = {
     "slurm": _read_slurm,
     "k8s": _read_k8s,
     "gke-tpu": _read_gke_tpu,
+    "tpu-vm": _read_tpu_vm,
     "mpi": _read_mpi,
 }
 

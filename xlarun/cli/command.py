@@ -4,7 +4,9 @@ Parsing follows argparse's rules where torchrun's users rely on them: both spell
 each long flag, unique prefixes (``--nproc_per_n=2``), ``PET_*`` defaults, and every
 argument after the training script passed to it untouched. Errors are one line on
 stderr and exit code 2; nothing is started. ``--help`` is built from the option table
-(value names, defaults, variables) so it cannot drift from what is parsed.
+(value names, defaults, variables) so it cannot drift from what is parsed, and so is the shell
+completion ``--print-completion`` prints: click's own for bash and zsh, a ``complete`` line for
+tcsh, which click does not support.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 import click
+from click.shell_completion import CompletionItem, get_completion_class
 
 from xlarun import __version__
 from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
@@ -27,6 +30,12 @@ from xlarun.planning.environment import LAUNCHED_MARKER
 
 HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"
+COMPLETION_NAMES = ("--print-completion", "--print_completion")
+COMPLETION_SHELLS = ("bash", "zsh", "tcsh")
+"""torchrun's shells (2.14, through shtab); bash and zsh come from click, tcsh from :func:`tcsh_completion`."""
+COMPLETE_VARIABLE = "_XLARUN_COMPLETE"
+"""The variable through which click's completion scripts ask the command for completions."""
+PROGRAM = "xlarun"
 
 
 def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
@@ -36,11 +45,12 @@ def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list
     after it belongs to the script. One ``--`` is dropped, before or right after the script.
     """
     long_names = {name: option.takes_value for option in OPTIONS for name in option.spellings if name.startswith("--")}
-    long_names.update({HELP_NAMES[1]: False, VERSION_NAME: False})
+    long_names.update({HELP_NAMES[1]: False, VERSION_NAME: False, **dict.fromkeys(COMPLETION_NAMES, True)})
     short_names = {name: option.takes_value for option in OPTIONS
                    for name in option.spellings if not name.startswith("--")}
     short_names[HELP_NAMES[0]] = False
     dests = {name: option.dest for option in OPTIONS for name in option.spellings}
+    dests.update(dict.fromkeys(COMPLETION_NAMES, "print_completion"))
     options: list[str] = []
     index = 0
     while index < len(argv):
@@ -114,17 +124,58 @@ def help_text(option: Option) -> str:
     """The row's help with its default and, for xlarun's flags, the variable that stands in."""
     default = option.default if option.shown_default is None else option.shown_default
     notes = [f"default: {default}"] if default else []
-    if option.owner == XLARUN and option.variable:
+    if option.variable:
         notes.append(f"env: {option.variable}")
     return option.help + (f" [{'; '.join(notes)}]" if notes else "")
+
+
+def complete_value(option: Option) -> Callable[[click.Context, click.Parameter, str], list[CompletionItem]]:
+    """What the shell offers for the option's value: its choices, or files for a path."""
+    def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+        if option.metavar == "PATH":
+            return [CompletionItem(incomplete, type="file")]
+        return [CompletionItem(value) for value in option.choices if value.startswith(incomplete)]
+
+    return complete
+
+
+def complete_files(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+    """The training script and its arguments: the shell's own file completion."""
+    return [CompletionItem(incomplete, type="file")]
 
 
 def _click_option(option: Option) -> Callable[[click.Command], click.Command]:
     # Values stay text here: the table's parsers check them, with PET_* fallbacks, in one place.
     if option.takes_value:
         return click.option(*option.spellings, option.dest, default=None, help=help_text(option),
-                            metavar=option.metavar)
+                            metavar=option.metavar, shell_complete=complete_value(option))
     return click.option(*option.spellings, option.dest, is_flag=True, default=None, help=help_text(option))
+
+
+def tcsh_completion() -> str:
+    """A tcsh ``complete`` command for xlarun: its long flags after ``--``, its short ones after ``-``, and
+    the values of the choice flags after them (click, which makes the bash and zsh scripts, has no tcsh)."""
+    long_names = [name[2:] for option in OPTIONS for name in option.spellings if name.startswith("--")]
+    long_names += [HELP_NAMES[1][2:], VERSION_NAME[2:], *(name[2:] for name in COMPLETION_NAMES)]
+    short_names = [name[1:] for option in OPTIONS for name in option.spellings if not name.startswith("--")]
+    values = [(name, option.choices) for option in OPTIONS if option.choices for name in option.spellings]
+    values += [(name, COMPLETION_SHELLS) for name in COMPLETION_NAMES]
+    rules = [f"'c/--/({' '.join(long_names)})/'", f"'c/-/({' '.join([*short_names, HELP_NAMES[0][1:]])})/'",
+             *(f"'n/{name}/({' '.join(choices)})/'" for name, choices in values)]
+    return f"complete {PROGRAM} {' '.join(rules)}"
+
+
+def print_completion(ctx: click.Context, param: click.Parameter, shell: str | None) -> None:
+    """``--print-completion SHELL``: the completion script on stdout, and nothing launched."""
+    if shell is None or ctx.resilient_parsing:
+        return
+    if shell == "tcsh":
+        click.echo(tcsh_completion())
+    else:
+        completion = get_completion_class(shell)
+        assert completion is not None  # click has bash and zsh
+        click.echo(completion(ctx.command, {}, PROGRAM, COMPLETE_VARIABLE).source())
+    ctx.exit()
 
 
 def description() -> str:
@@ -165,8 +216,8 @@ class CommandLine(NamedTuple):
 def _build_command() -> click.Command:
     @click.command(cls=SectionedCommand, context_settings={"help_option_names": list(HELP_NAMES)},
                    add_help_option=True, help=description(), epilog=epilog())
-    @click.argument("training_script", required=False)
-    @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED)
+    @click.argument("training_script", required=False, shell_complete=complete_files)
+    @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED, shell_complete=complete_files)
     @click.pass_context
     def command(ctx: click.Context, training_script: str | None, training_script_args: tuple[str, ...],
                 **values: str | bool | None) -> CommandLine:
@@ -181,7 +232,12 @@ def _build_command() -> click.Command:
     built: click.Command = command
     for option in OPTIONS:
         built = _click_option(option)(built)
-    return click.version_option(__version__, VERSION_NAME, prog_name="xlarun", message="%(prog)s %(version)s",
+    built = click.option(*COMPLETION_NAMES, type=click.Choice(COMPLETION_SHELLS), is_eager=True, expose_value=False,
+                         callback=print_completion, metavar="|".join(COMPLETION_SHELLS),
+                         help="Print a shell completion script for xlarun and exit, e.g. "
+                              "xlarun --print-completion bash > ~/.local/share/bash-completion/completions/xlarun"
+                         )(built)
+    return click.version_option(__version__, VERSION_NAME, prog_name=PROGRAM, message="%(prog)s %(version)s",
                                 help="Show xlarun's version and exit.")(built)
 
 
@@ -193,7 +249,8 @@ def parse_command_line(args: Sequence[str]) -> CommandLine | None:
     options, script, script_args = split_command_line(args)
     click_args = options + (["--", script, *script_args] if script is not None else [])
     try:
-        parsed = _build_command().main(args=click_args, prog_name="xlarun", standalone_mode=False)
+        parsed = _build_command().main(args=click_args, prog_name=PROGRAM, complete_var=COMPLETE_VARIABLE,
+                                       standalone_mode=False)
     except click.UsageError as error:
         raise UsageError(error.format_message()) from None
     return parsed if isinstance(parsed, CommandLine) else None

@@ -27,12 +27,14 @@ from xlarun.planning.device import (
     DevicePlan,
     DeviceRequest,
     check_device_plan,
+    check_slice_seating,
     count_workers,
     cpu_split_world,
     plan_device,
 )
 from xlarun.planning.dryrun import plan_document, probe_node
-from xlarun.planning.environment import omp_threads_default, worker_variables
+from xlarun.planning.environment import check_virtual_local_rank, omp_threads_default, worker_variables
+from xlarun.planning.packages import followed_torchrun, installed_version
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous, multi_node_rendezvous
 from xlarun.supervision.agent import Agent
@@ -61,7 +63,10 @@ def prepare_launch(given: Mapping[str, str | None], script: str | None, script_a
     script = require_script(script)
     values = read_options(given, environ)
     if values["cluster"] != "none":
-        values = read_options(apply_cluster(values["cluster"], given, environ), environ)
+        given, cluster_environ = apply_cluster(values["cluster"], given, environ)
+        values = read_options(given, environ)
+        # What the cluster says of the device (a TPU VM's slice) plans it where the environment is silent.
+        environ = {**cluster_environ, **environ}
     dry_run = values["dry_run"]
     request = DeviceRequest(device=values["device"], runtime=values["runtime"], spmd=values["spmd"],
                             virtual_devices=values["virtual_devices"], coordinator_port=values["coordinator_port"])
@@ -71,10 +76,17 @@ def prepare_launch(given: Mapping[str, str | None], script: str | None, script_a
         nproc = count_workers(values["nproc_per_node"], device, environ)
     except PlanError as error:
         raise values.refuse("nproc_per_node", str(error)) from None
-    config = build_config(values, script, script_args, environ, sys.executable, nproc_per_node=nproc)
-    notices = [*device.notices, *check_device_plan(device, probe_node(config, device))]
+    config = build_config(values, script, script_args, environ, sys.executable, nproc_per_node=nproc,
+                          torchrun=followed_torchrun())
+    check_slice_seating(device, config.topology, config.max_nodes)
+    probe = probe_node(config, device)
+    if config.virtual_local_rank:
+        check_virtual_local_rank(device, probe)  # refused before the guard or a rendezvous starts
+    notices = [*device.notices, *check_device_plan(device, probe)]
     split = cpu_split_world(device, nproc, config.max_nodes)
-    if split is not None:
+    # Only an XLA run on CPU is told before it starts: a plain gloo job on a host that happens to have
+    # torch_xla is not concerned. A run that then fails on the split is told after the report.
+    if split is not None and (request.device == "cpu" or environ.get("PJRT_DEVICE") == "CPU"):
         notices.append(f"warning: {split}")
     if omp_threads_default(nproc, environ) is not None:
         notices.append(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
@@ -92,7 +104,7 @@ def launch_from_command_line(given: Mapping[str, str | None], script: str | None
         return print_plan(prepared, environ)
     if not prepared.config.allow_busy_device:
         refuse_busy_device(prepared.device.device, environ)
-    rendezvous = choose_rendezvous(prepared.config, environ)
+    rendezvous = choose_rendezvous(prepared.config, prepared.device, environ)
     check_command(prepared.config)
     for notice in prepared.notices:
         say(notice)
@@ -119,14 +131,18 @@ def explain_split_world_failure(agent: Agent, prepared: PreparedLaunch) -> None:
 
 
 def apply_cluster(kind: str, given: Mapping[str, str | None],
-                  environ: Mapping[str, str]) -> dict[str, str | None]:
-    """Fill in what a scheduler (Slurm, Kubernetes, ...) says about the job; explicit flags win."""
+                  environ: Mapping[str, str]) -> tuple[dict[str, str | None], Mapping[str, str]]:
+    """Fill in what a scheduler (Slurm, Kubernetes, ...) says about the job; explicit flags win.
+
+    Also returns what it says of the device, as variables to plan with (a TPU VM's slice shape and
+    worker number, :attr:`~xlarun.cli.cluster.ClusterSettings.device_environ`).
+    """
     from xlarun.cli.cluster import detect_cluster
 
     merged = dict(given)
     settings = detect_cluster(kind, environ)
     if settings is None:
-        return merged
+        return merged, {}
     derived = {
         "nnodes": str(settings.nnodes),
         "node_rank": str(settings.node_rank),
@@ -138,19 +154,27 @@ def apply_cluster(kind: str, given: Mapping[str, str | None],
     for name, value in derived.items():
         if value is not None and merged.get(name) is None:
             merged[name] = value
-    return merged
+    return merged, settings.device_environ
 
 
-def choose_rendezvous(config: LaunchConfig, environ: Mapping[str, str]) -> Rendezvous:
+def choose_rendezvous(config: LaunchConfig, device: DevicePlan, environ: Mapping[str, str]) -> Rendezvous:
+    """How this node meets the others, if any; it learns what the device's plan needs of them (TorchTPU's
+    address list: free ports for one node's workers, every node's address across nodes)."""
     topology = config.topology
+    worker_ports = device.plans_slice_addresses
     if topology is Topology.STANDALONE:
-        return FixedRendezvous(config.rdzv_id, "localhost", free_port())
+        return FixedRendezvous(config.rdzv_id, "localhost", free_port(), worker_ports=worker_ports)
     if topology is Topology.LONE_NODE:
         if taken_here(config.master_addr, config.master_port):
             raise UsageError(f"master port {config.master_port} on {config.master_addr} is already in use: pick "
                              f"another with {flag('master_port')} PORT, or use {flag('standalone')} for a free one")
-        return FixedRendezvous(config.rdzv_id, config.master_addr, config.master_port)
-    return multi_node_rendezvous(config, environ)
+        return FixedRendezvous(config.rdzv_id, config.master_addr, config.master_port, worker_ports=worker_ports)
+    if installed_version("torch") is None:
+        # A single node needs no torch in the launcher; nodes meet through torch.distributed's TCPStore.
+        how = "several nodes meet" if config.max_nodes > 1 else f"{flag('rdzv_backend')}=c10d meets"
+        raise UsageError(f"{how} through torch.distributed, which is not installed in this Python: "
+                         "pip install 'xlarun[multinode]' (or torch)")
+    return multi_node_rendezvous(config, environ, node_hosts=device.plans_slice_addresses, place=device.slice_worker)
 
 
 def refuse_busy_device(device: str, environ: Mapping[str, str]) -> None:

@@ -22,7 +22,15 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xlarun.config import DEFAULT_C10D_PORT, DEFAULT_MASTER_PORT, NprocRequest, StreamSpec, parse_port, split_endpoint
+from xlarun.config import (
+    DEFAULT_C10D_PORT,
+    DEFAULT_MASTER_PORT,
+    NprocRequest,
+    SignalList,
+    StreamSpec,
+    parse_port,
+    split_endpoint,
+)
 from xlarun.exceptions import InvalidValue, UsageError
 from xlarun.flags import flag
 from xlarun.host.devices import DEVICES
@@ -37,7 +45,7 @@ START_METHODS = ("spawn", "fork", "forkserver")
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 NPROC_WORDS = ("auto", "cpu", "gpu")
 LOGS_SPECS = ("default",)
-CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "mpi")
+CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "tpu-vm", "mpi")
 
 
 def _integer(text: str) -> int:
@@ -60,6 +68,9 @@ def parse_nnodes(text: str) -> tuple[int, int]:
 def parse_nproc(text: str) -> NprocRequest:
     if text in NPROC_WORDS:
         return NprocRequest(word=text)
+    if text == "xpu":
+        # torchrun 2.10's word: torch.xpu.device_count(), which needs torch; xlarun reads no XPU count.
+        raise InvalidValue("xlarun does not count XPUs: give their number")
     count = _integer(text)
     if count < 1:
         raise InvalidValue("needs at least 1")
@@ -122,6 +133,16 @@ def parse_stream_spec(text: str) -> StreamSpec:
     raise InvalidValue()
 
 
+def parse_line_filters(text: str) -> tuple[str, ...]:
+    """torchrun's ``--duplicate-*-filters``: comma-separated strings, ``,,`` for a comma in one.
+
+    Given at all, even empty, it is a list (``''`` is one empty string, which every line holds),
+    as torchrun's parser makes it. A NUL stands in for the escaped comma while splitting: no
+    argument or environment value can hold one.
+    """
+    return tuple(item.replace("\0", ",") for item in text.replace(",,", "\0").split(","))
+
+
 def parse_rank_set(text: str) -> frozenset[int] | None:
     if not text:
         return None
@@ -178,13 +199,19 @@ def parse_summary_file(path: str) -> str:
     return path
 
 
-def choice(choices: tuple[str, ...]) -> Callable[[str], str]:
-    def parse(text: str) -> str:
-        if text not in choices:
+class Choice:
+    """A parser that takes one of ``choices``; shell completion offers them."""
+
+    def __init__(self, choices: tuple[str, ...]):
+        self.choices = choices
+
+    def __call__(self, text: str) -> str:
+        if text not in self.choices:
             raise InvalidValue()
         return text
 
-    return parse
+
+choice = Choice
 
 
 def text(value: str) -> str:
@@ -209,8 +236,9 @@ class Option:
     allowed: str = ""
     owner: str = TORCHRUN
     variable: str | None = None
-    """The environment variable that stands in for the flag when it is not given:
-    ``PET_<NAME>`` for torchrun's flags, as torchrun reads them; named per row for xlarun's."""
+    """The environment variable that stands in for the flag when it is not given: for xlarun's
+    flags the only one; for torchrun's the one torchrun reads after ``PET_<NAME>``, if any
+    (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``)."""
     metavar: str = ""
     """How ``--help`` names the value (``N``, ``PATH``, ``static|c10d``); empty for a switch."""
     shown_default: str | None = None
@@ -231,14 +259,22 @@ class Option:
         return flag(self.dest)
 
     @property
-    def environment_variable(self) -> str | None:
-        return "PET_" + self.dest.upper() if self.owner == TORCHRUN else self.variable
+    def environment_variables(self) -> tuple[str, ...]:
+        """The variables that stand in for the flag, the first one set winning."""
+        own = (self.variable,) if self.variable else ()
+        return ("PET_" + self.dest.upper(), *own) if self.owner == TORCHRUN else own
+
+    @property
+    def choices(self) -> tuple[str, ...]:
+        """The values a choice row takes (empty for the others): what shell completion offers."""
+        return self.parse.choices if isinstance(self.parse, Choice) else ()
 
 
 def _torchrun(spellings: tuple[str, ...], help_text: str, parse: Callable[[str], Any] | None = None,
               default: str | None = None, allowed: str = "", *, metavar: str = "",
-              shown_default: str | None = None) -> Option:
-    return Option(spellings, help_text, parse, default, allowed, metavar=metavar, shown_default=shown_default)
+              shown_default: str | None = None, variable: str | None = None) -> Option:
+    return Option(spellings, help_text, parse, default, allowed, variable=variable, metavar=metavar,
+                  shown_default=shown_default)
 
 
 def _xlarun(spellings: tuple[str, ...], help_text: str, parse: Callable[[str], Any] | None = None,
@@ -252,18 +288,21 @@ def _choices(choices: tuple[str, ...]) -> str:
 
 
 STREAMS_METAVAR = "0-3|RANK:0-3,..."
+FILTERS_HELP = ("lines (of the streams --tee shows) holding any of these strings are copied, prefixed, to "
+                "attempt_<n>/{file} in the run's log directory; ,, stands for a comma.")
 COORDINATOR_RULE = (f"{UNPRIVILEGED_PORTS[0]} + (MASTER_PORT - {UNPRIVILEGED_PORTS[0]} + {COORDINATOR_PORT_SHIFT}) "
                     f"mod {UNPRIVILEGED_PORTS[1] - UNPRIVILEGED_PORTS[0] + 1}, "
                     f"{coordinator_port(DEFAULT_MASTER_PORT)} for {DEFAULT_MASTER_PORT}")
 
 
 OPTIONS: tuple[Option, ...] = (
-    # torchrun 2.9's flags, in the order its --help lists them.
+    # torchrun's flags (2.9 to 2.15), in the order its --help lists them.
     _torchrun(("--nnodes",), "Number of nodes; a range MIN:MAX lets a c10d job start with MIN.", parse_nnodes,
               "1:1", "expected N or MIN:MAX with 0 < MIN <= MAX", metavar="N|MIN:MAX"),
     _torchrun(("--nproc-per-node", "--nproc_per_node"),
               "Workers on this node. auto: one per TPU chip, NeuronCore or GPU of the device (on cpu: the GPUs, "
-              "else the CPUs); gpu: the GPUs; cpu: the CPUs. Always 1 under --spmd.", parse_nproc, "1",
+              "else the CPUs); gpu: the GPUs; cpu: the CPUs. Always 1 under --spmd. XPUs are not counted: "
+              "give their number.", parse_nproc, "1",
               "expected a positive integer, auto, cpu or gpu", metavar="N|auto|gpu|cpu"),
     _torchrun(("--rdzv-backend", "--rdzv_backend"),
               "How nodes meet. static: each node gives --node-rank, node 0 serves the store at --master-addr and "
@@ -302,10 +341,20 @@ OPTIONS: tuple[Option, ...] = (
               metavar=STREAMS_METAVAR),
     _torchrun(("-t", "--tee"), "Worker streams to files and to the console, prefixed [role local_rank]:; values as "
                                "--redirects.", parse_stream_spec, "0", STREAMS_ALLOWED, metavar=STREAMS_METAVAR),
+    _torchrun(("--log-line-prefix-template", "--log_line_prefix_template"),
+              "The prefix of each line --tee shows, with ${role_name}, ${rank}, ${local_rank} and ${hostname} "
+              "(this host's short name) substituted. Empty: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else the "
+              "default.", text, "", metavar="TEMPLATE", shown_default="[${role_name}${local_rank}]:"),
     _torchrun(("--local-ranks-filter", "--local_ranks_filter"), "Local ranks shown on the console, e.g. 0,1; the "
                                                                 "files keep every rank.",
               parse_rank_set, "", "expected a comma-separated list of local ranks, e.g. 0,1,2", metavar="RANK,...",
               shown_default="every rank"),
+    _torchrun(("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
+              "Stdout " + FILTERS_HELP.format(file="filtered_stdout.log"), parse_line_filters, metavar="TEXT,...",
+              shown_default="no copy"),
+    _torchrun(("--duplicate-stderr-filters", "--duplicate_stderr_filters"),
+              "Stderr " + FILTERS_HELP.format(file="filtered_stderr.log"), parse_line_filters, metavar="TEXT,...",
+              shown_default="no copy"),
     _torchrun(("--node-rank", "--node_rank"), "This node's rank, 0 to nnodes-1 (static).", parse_non_negative_int,
               "0", "expected a non-negative integer", metavar="N"),
     _torchrun(("--master-addr", "--master_addr"), "Node 0's address (static): its store listens there; the workers' "
@@ -320,19 +369,32 @@ OPTIONS: tuple[Option, ...] = (
               allowed="xlarun has only 'default'", metavar="NAME", shown_default="default"),
     _torchrun(("--numa-binding", "--numa_binding"), "Validated, not applied: workers are not bound to NUMA nodes.",
               choice(NUMA_BINDINGS), allowed=one_of(NUMA_BINDINGS), metavar=_choices(NUMA_BINDINGS)),
+    _torchrun(("--signals-to-handle", "--signals_to_handle"),
+              "Signals the launcher forwards to every worker and then stops them with, exiting 128+N. SIGUSR1 and "
+              "SIGUSR2 are always forwarded and the run goes on; Ctrl-Z always suspends the workers. A signal "
+              "left out keeps its default action (the orphan guard then kills the workers).", SignalList.parse,
+              SignalList().text, "expected signal names such as SIGTERM,SIGUSR1", metavar="SIGNAL,..."),
+    _torchrun(("--shutdown-timeout", "--shutdown_timeout", "--kill-timeout", "--kill_timeout"),
+              "Grace between the stop signal and SIGKILL when workers are stopped (--kill-timeout is xlarun's "
+              "older name).", parse_seconds, "30", "expected a number of seconds >= 0", metavar="SECONDS",
+              variable="TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
+    _torchrun(("--virtual-local-rank", "--virtual_local_rank"),
+              "Every worker gets LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES (the local rank's "
+              "entry of the launcher's list, else the local rank). Refused with several workers per node on tpu, "
+              "neuron, cuda and xpu, whose runtimes place each process by its local rank."),
     # xlarun's own.
     _xlarun(("--dry-run", "--dry_run"), "Print the plan as JSON (every worker's argv and environment) and start "
                                         "nothing; values a rendezvous decides read <decided at rendezvous>."),
-    _xlarun(("--kill-timeout", "--kill_timeout"), "Grace between SIGTERM and SIGKILL when workers are stopped.",
-            parse_seconds, "30", "expected a number of seconds >= 0", metavar="SECONDS"),
     _xlarun(("--summary-file", "--summary_file"), "Write a JSON record of the run for CI: result, exit_code, "
                                                   "root_cause, attempts.",
             parse_summary_file, allowed="give a path to the JSON file to write", metavar="PATH"),
     _xlarun(("--device",), "XLA device, the workers' PJRT_DEVICE. auto: PJRT_DEVICE if set, else this host's TPU "
                            "chips, Neuron devices or NVIDIA GPUs, else cpu.", choice(DEVICES), "auto",
             one_of(DEVICES), variable="XLARUN_DEVICE", metavar=_choices(DEVICES)),
-    _xlarun(("--runtime",), "XLA runtime. auto: xrt with torch_xla 2.0 or older, else pjrt; xrt needs torch_xla "
-                            "2.0 or older (2.1 removed it).", choice(RUNTIMES), "auto", one_of(RUNTIMES),
+    _xlarun(("--runtime",), "Device runtime. auto: xrt with torch_xla 2.0 or older; without torch_xla, torchtpu "
+                            "(TorchTPU) on TPU where torch_tpu is installed, torchneuron (TorchNeuron) on Neuron "
+                            "where torch-neuronx is; else pjrt. xrt needs torch_xla 2.0 or older (2.1 removed it).",
+            choice(RUNTIMES), "auto", one_of(RUNTIMES),
             metavar=_choices(RUNTIMES)),
     _xlarun(("--spmd",), "One process per node that sees every local device (FSDPv2); on TPU every chip of the host "
                          "is visible to it. The program switches SPMD on with torch_xla.runtime.use_spmd() "
@@ -344,7 +406,8 @@ OPTIONS: tuple[Option, ...] = (
             parse_nonzero_port, allowed="expected a port number 1..65535", metavar="PORT",
             shown_default=COORDINATOR_RULE),
     _xlarun(("--cluster",), "Take the node count, node rank and node 0 from the scheduler (Slurm, Kubeflow, GKE "
-                            "TPU, Open MPI); flags win. auto: whichever is present.", choice(CLUSTER_KINDS),
+                            "TPU, Open MPI) or a TPU VM's metadata server (tpu-vm); flags win. auto: whichever "
+                            "scheduler is present.", choice(CLUSTER_KINDS),
             "none", one_of(CLUSTER_KINDS), variable="XLARUN_CLUSTER", metavar=_choices(CLUSTER_KINDS)),
     _xlarun(("--allow-busy-device", "--allow_busy_device"),
             "Start even though other processes hold the device files (a device shared on purpose)."),
@@ -360,8 +423,10 @@ class OptionValues(Mapping[str, Any]):
     ``source(dest)`` names where: the flag, or the flag and the variable that stood in.
     """
 
-    def __init__(self, values: dict[str, Any], raw: dict[str, str | None], sources: dict[str, str]):
+    def __init__(self, values: dict[str, Any], raw: dict[str, str | None], sources: dict[str, str],
+                 set_by_user: frozenset[str] = frozenset()):
         self._values, self._raw, self._sources = values, raw, sources
+        self._set_by_user = set_by_user
 
     def __getitem__(self, dest: str) -> Any:
         return self._values[dest]
@@ -377,6 +442,10 @@ class OptionValues(Mapping[str, Any]):
 
     def source(self, dest: str) -> str:
         return self._sources[dest]
+
+    def is_set(self, dest: str) -> bool:
+        """Given on the command line or by its variable, rather than left to its default."""
+        return dest in self._set_by_user
 
     def given_or_default(self, dest: str) -> Any:
         """The value, or the row's default where the text given was empty (``--role ''``)."""
@@ -396,12 +465,15 @@ def read_options(given: Mapping[str, str | None], environ: Mapping[str, str]) ->
     values: dict[str, Any] = {}
     raws: dict[str, str | None] = {}
     sources: dict[str, str] = {}
+    set_by_user: set[str] = set()
     for option in OPTIONS:
         dest = option.dest
         raw, source = given.get(dest), option.display_name
-        variable = option.environment_variable
-        if raw is None and variable is not None and variable in environ:
+        variable = next((name for name in option.environment_variables if name in environ), None)
+        if raw is None and variable is not None:
             raw, source = environ[variable], f"{source} (from {variable})"
+        if raw is not None:
+            set_by_user.add(dest)
         if raw is None:
             raw = option.default
         raws[dest], sources[dest] = raw, source
@@ -411,7 +483,7 @@ def read_options(given: Mapping[str, str | None], environ: Mapping[str, str]) ->
             values[dest] = None
         else:
             values[dest] = _parse(option, raw, source)
-    return OptionValues(values, raws, sources)
+    return OptionValues(values, raws, sources, frozenset(set_by_user))
 
 
 def _switch(raw: str | None, source: str) -> bool:

@@ -15,6 +15,7 @@ from xlarun.cli.options import OptionValues
 from xlarun.config import TORCH_FALSE_WORDS, TORCH_TRUE_WORDS, LaunchConfig, WorkerCommand
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
+from xlarun.planning.packages import LONE_NODE_ON_A_FREE_PORT, Release
 
 
 def _is_integer(text: str) -> bool:
@@ -56,7 +57,8 @@ own ``token`` and, under static with several nodes, ``join_timeout``, ``heartbea
 
 # Fields whose value is the option's parsed value, unchanged.
 _TAKEN_AS_PARSED = ("rdzv_conf", "max_restarts", "local_addr", "log_dir", "redirects", "tee", "local_ranks_filter",
-                    "kill_timeout", "summary_file", "dry_run", "allow_busy_device")
+                    "shutdown_timeout", "signals_to_handle", "virtual_local_rank", "summary_file", "dry_run",
+                    "allow_busy_device")
 
 
 _NOT_IN_A_RUN_ID = re.compile("[/\x00-\x1f\x7f-\x9f]")
@@ -73,6 +75,17 @@ def check_run_id(values: OptionValues, run_id: str) -> None:
                                        "and may not be '.' or '..'")
 
 
+def check_visible_devices(values: OptionValues, environ: Mapping[str, str], nproc_per_node: int) -> None:
+    """Under ``--virtual-local-rank`` each worker takes its local rank's entry of the launcher's
+    ``CUDA_VISIBLE_DEVICES``: refuse a list too short for the workers before any starts (torchrun
+    raises at start)."""
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    if values["virtual_local_rank"] and visible is not None and len(visible.split(",")) < nproc_per_node:
+        raise UsageError(f"{flag('virtual_local_rank')} gives each worker its local rank's entry of "
+                         f"CUDA_VISIBLE_DEVICES={visible!r}, which has too few for {nproc_per_node} workers: "
+                         "list one device per worker, or start fewer")
+
+
 def require_script(script: str | None) -> str:
     if not script:
         raise UsageError("the following arguments are required: training_script (the script or command to run)")
@@ -87,8 +100,15 @@ def check_rdzv_conf(backend: str, conf: Mapping[str, str]) -> None:
                              f"reads it as {expected}")
 
 
-def build_config(values: OptionValues, script: str, script_args: tuple[str, ...],
-                 environ: Mapping[str, str], python: str, nproc_per_node: int) -> LaunchConfig:
+def lone_node_on_a_free_port(values: OptionValues, torchrun: Release) -> bool:
+    """torchrun 2.12's rule: a lone static node given neither a master port nor an endpoint runs as
+    ``--standalone`` does (:data:`~xlarun.planning.packages.LONE_NODE_ON_A_FREE_PORT`)."""
+    return (torchrun >= LONE_NODE_ON_A_FREE_PORT and values["nnodes"][1] == 1 and values["rdzv_backend"] == "static"
+            and not values["rdzv_endpoint"] and not values.is_set("master_port"))
+
+
+def build_config(values: OptionValues, script: str, script_args: tuple[str, ...], environ: Mapping[str, str],
+                 python: str, nproc_per_node: int, torchrun: Release) -> LaunchConfig:
     """Check the rules between flags and build the launch configuration (``script`` as
     :func:`require_script` let it through)."""
     module, no_python, run_path = values["module"], values["no_python"], values["run_path"]
@@ -105,15 +125,17 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
     standalone = values["standalone"]
     rdzv_backend, rdzv_endpoint, rdzv_id = (values["rdzv_backend"], values["rdzv_endpoint"],
                                             values.given_or_default("rdzv_id"))
-    if standalone:
-        if max_nodes > 1:
-            raise UsageError(f"{flag('standalone')} runs a single node, but {flag('nnodes')}={values.raw('nnodes')}: "
-                             "drop one of them")
+    if standalone and max_nodes > 1:
+        raise UsageError(f"{flag('standalone')} runs a single node, but {flag('nnodes')}={values.raw('nnodes')}: "
+                         "drop one of them")
+    if standalone or lone_node_on_a_free_port(values, torchrun):
+        standalone = True
         rdzv_backend, rdzv_endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
     check_run_id(values, rdzv_id)
     if rdzv_backend in ("etcd", "etcd-v2"):
         raise UsageError(f"{flag('rdzv_backend')}={rdzv_backend} is not supported by xlarun: use static or c10d")
     check_rdzv_conf(rdzv_backend, values["rdzv_conf"])
+    check_visible_devices(values, environ, nproc_per_node)
     node_rank = values["node_rank"]
     if rdzv_backend == "static":
         if node_rank >= max_nodes:
@@ -136,7 +158,12 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
         rdzv_endpoint=rdzv_endpoint,
         rdzv_id=rdzv_id,
         standalone=standalone,
+        torchrun=torchrun,
         role=values.given_or_default("role"),
-        log_line_prefix_template=environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+        # torchrun's precedence: an empty template, given or not, leaves it to the variable.
+        log_line_prefix_template=values["log_line_prefix_template"] or environ.get(
+            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+        duplicate_stdout_filters=values["duplicate_stdout_filters"] or (),
+        duplicate_stderr_filters=values["duplicate_stderr_filters"] or (),
         **{name: values[name] for name in _TAKEN_AS_PARSED},
     )

@@ -147,6 +147,16 @@ def tpu_generation(root: str = "/") -> int | None:
     return generations.pop() if len(generations) == 1 else None
 
 
+def tpu_chip_id(root: str = "/") -> str | None:
+    """The PCI device id of this host's TPU chips (``0x005e`` for v4), or None without chips of one kind.
+
+    Finer than :func:`tpu_generation`: v5p (``0x0062``) and v5e (``0x0063``) are both generation 5
+    but differ in TorchTPU's topologies.
+    """
+    ids = set(tpu_chip_device_ids(root))
+    return ids.pop() if len(ids) == 1 else None
+
+
 def neuron_device_count(root: str = "/") -> int:
     """Neuron devices, counted as the ``/dev/neuron<N>`` nodes the Neuron driver creates."""
     return sum(1 for name in list_dir(_under(root, "dev")) if NEURON_DEVICE_NAME.match(name))

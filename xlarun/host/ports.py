@@ -8,6 +8,7 @@ launcher starts without it and the worker imports this before torch.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import socket
 
@@ -20,10 +21,24 @@ def free_port(host: str = "127.0.0.1") -> int:
 
     ``host`` is an IPv4 or IPv6 address of this machine.
     """
+    return free_ports(1, host)[0]
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> tuple[int, ...]:
+    """``count`` distinct ports nothing listens on now at ``host``, each the kernel's pick.
+
+    Every probe stays bound until the last is picked, so no port comes twice; ``0.0.0.0`` (or ``::``)
+    checks every address of the host at once. Nothing holds them afterwards: a port taken before
+    its user binds it is lost, as with any pick of a free port.
+    """
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.bind((host, 0))
-        return probe.getsockname()[1]
+    with contextlib.ExitStack() as probes:
+        ports = []
+        for _ in range(count):
+            probe = probes.enter_context(socket.socket(family, socket.SOCK_STREAM))
+            probe.bind((host, 0))
+            ports.append(probe.getsockname()[1])
+        return tuple(ports)
 
 
 def host_port(host: str, port: int) -> str:

@@ -19,10 +19,17 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from xlarun.config import NprocRequest
+from xlarun.config import NprocRequest, Topology
 from xlarun.exceptions import PlanError
 from xlarun.flags import flag
-from xlarun.host.devices import host_root, local_unit_count, nvidia_gpu_count, resolve_device, tpu_generation
+from xlarun.host.devices import (
+    host_root,
+    local_unit_count,
+    nvidia_gpu_count,
+    resolve_device,
+    tpu_chip_id,
+    tpu_generation,
+)
 from xlarun.planning.packages import (
     FIRST_WITH_CUDA_NAME,
     FIRST_WITHOUT_CUDA,
@@ -33,7 +40,7 @@ from xlarun.planning.packages import (
     resolve_runtime,
 )
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import XlaOptions, apply_user_precedence, neuron, tpu, xla_env
+from xlarun.runtimes import NATIVE_RUNTIMES, XlaOptions, apply_user_precedence, neuron, torchtpu, tpu, xla_env
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,17 @@ class DevicePlan:
     torch_xla_version: str | None = None
     """The installed torch_xla, None without one."""
 
+    @property
+    def plans_slice_addresses(self) -> bool:
+        """TorchTPU's address list: on one node the launcher picks its workers' ports, across nodes
+        the rendezvous learns every node's address (see :mod:`~xlarun.runtimes.torchtpu`)."""
+        return self.runtime == "torchtpu"
+
+    @property
+    def slice_worker(self) -> int | None:
+        """This host's number in its TPU slice, where the environment or the cluster says it (TorchTPU)."""
+        return self.xla.tpu_slice.worker if self.xla is not None and self.xla.tpu_slice is not None else None
+
     def variables(self, node: NodeAssignment, local_rank: int) -> dict[str, str]:
         """The XLA variables one worker gets, less those the user set."""
         return self.translate(node, local_rank)[0]
@@ -90,17 +108,20 @@ class AssumedHost:
     name: str
     lacking: str
     """What this host lacks, as the dry run's line says it."""
+    tpu_chip: str | None = None
+    """The PCI device id of its TPU chips (TorchTPU's topologies differ by chip)."""
 
 
 DRY_RUN_HOSTS: Mapping[str, AssumedHost] = {
-    "tpu": AssumedHost(4, "a TPU VM host with 4 chips in 2,2,1 (v4-8, v5p-8)", "TPU chips"),
+    "tpu": AssumedHost(4, "a TPU VM host with 4 chips in 2,2,1 (v4-8, v5p-8)", "TPU chips", tpu_chip="0x005e"),
     "neuron": AssumedHost(32, "a trn1.32xlarge (32 NeuronCores)", "Neuron devices"),
     "cuda": AssumedHost(8, "a host with 8 GPUs", "NVIDIA GPUs"),
 }
 """What a dry run on a host without the device assumes, so that a laptop can plan for a TPU VM
 or a Trainium instance; the README lists these defaults."""
 
-TPU_HOST_8_CHIPS = AssumedHost(8, "a TPU VM host with 8 chips in 2,4,1 (v5litepod-8, v6e-8)", "TPU chips")
+TPU_HOST_8_CHIPS = AssumedHost(8, "a TPU VM host with 8 chips in 2,4,1 (v5litepod-8, v6e-8)", "TPU chips",
+                               tpu_chip="0x006f")
 """The host a TPU dry run assumes instead when the worker count given needs more than 4 chips."""
 
 
@@ -113,9 +134,12 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
     :data:`DRY_RUN_HOSTS`, saying so in :attr:`DevicePlan.assumed` where that changed the plan.
     """
     root = host_root(environ)
-    device = resolve_device(request.device, environ, root)
+    # A device's own runtime names its device: --runtime torchtpu plans for TPU wherever it runs.
+    native_device = NATIVE_RUNTIMES.get(request.runtime)
+    device = resolve_device(native_device if native_device and request.device == "auto" else request.device,
+                            environ, root)
     torch_xla_version = installed_version("torch_xla")
-    runtime = resolve_runtime(request.runtime, torch_xla_version)
+    runtime = resolve_runtime(request.runtime, torch_xla_version, device, request.spmd)
     notices: list[str] = []
     if (device == "cuda" and request.device == "auto" and "PJRT_DEVICE" not in environ
             and not xla_has_cuda(torch_xla_version)):
@@ -128,19 +152,29 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
     units = local_unit_count(device, root)
     host = assumed_host(device, nproc, request.spmd) if dry_run and units == 0 else None
     host_used = host is not None and nproc.word == "auto" and not request.spmd
-    topology = generation = None
+    topology = generation = tpu_slice = None
     if device == "tpu":
         generation = tpu.generation_of(environ.get("TPU_ACCELERATOR_TYPE", "")) or tpu_generation(root)
         topology = tpu.topology(environ, units, nnodes, generation)
         if topology is None and host is not None:
             topology = tpu.topology(environ, host.units, nnodes, generation)
             host_used = host_used or topology is not None
+    if runtime == "torchtpu":
+        tpu_slice = plan_tpu_slice(environ, root, host)
+        if nnodes > 1 and torchtpu.slice_topology(topology, tpu_slice) is None and torchtpu.TOPOLOGY not in environ:
+            raise PlanError(f"TorchTPU across hosts needs the slice's topology, where torch_tpu would put one "
+                            f"host's: set TPU_HOST_BOUNDS and TPU_CHIPS_PER_HOST_BOUNDS (the tpu-env metadata's "
+                            f"HOST_BOUNDS and CHIPS_PER_HOST_BOUNDS), TPU_TOPOLOGY (GKE's) or {torchtpu.TOPOLOGY}, "
+                            f"or on a TPU VM use {flag('cluster')} tpu-vm")
     local_units = node_units = host.units if host is not None else units
+    if tpu_slice is not None and local_units:
+        # A TPU7x chip exposes two devices, each a rank of its own.
+        local_units = node_units = local_units * tpu_slice.devices_per_chip
     if device == "neuron" and environ.get("NEURON_RT_VISIBLE_CORES"):
         node_units = neuron.visible_core_count(environ["NEURON_RT_VISIBLE_CORES"]) or node_units
     xla = XlaOptions(device=device, runtime=runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
                      coordinator_port=request.coordinator_port, tpu_topology=topology,
-                     release=release_of(torch_xla_version), local_units=node_units)
+                     release=release_of(torch_xla_version), local_units=node_units, tpu_slice=tpu_slice)
     if not dry_run:
         preflight(device, runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
                   tpu_library_path=environ.get("TPU_LIBRARY_PATH"), tpu_generation=generation)
@@ -152,6 +186,61 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
     return DevicePlan(device=device, runtime=runtime, xla=xla, spmd=request.spmd, user_environ=dict(environ),
                       local_units=local_units, notices=tuple(notices), assumed=assumed,
                       torch_xla_version=torch_xla_version)
+
+
+def plan_tpu_slice(environ: Mapping[str, str], root: str, host: AssumedHost | None) -> torchtpu.TpuSlice:
+    """What TorchTPU needs of the slice beyond its shape, from the environment and the host's chips.
+
+    The chip from ``TPU_ACCELERATOR_TYPE``, else the host's PCI ids, else the host a dry run
+    assumes. This host's worker number from GKE's ``TPU_WORKER_ID`` (which ``--cluster tpu-vm``
+    fills from the metadata's ``agent-worker-number``), else ``JOB_COMPLETION_INDEX`` (Kubernetes
+    Indexed Jobs). ``TPU_WORKER_HOSTNAMES`` counts only with two names or more: a single-host
+    TPU VM sets it to its own name, as torch_tpu notes. The slice's chips from GKE's ``TPU_TOPOLOGY``.
+    """
+    chip = (torchtpu.chip_of_accelerator_type(environ.get("TPU_ACCELERATOR_TYPE", "")) or tpu_chip_id(root)
+            or (host.tpu_chip if host is not None else None))
+    base_port = _whole_number(environ, torchtpu.BASE_PORT_VARIABLE)
+    if base_port is not None and not 1 <= base_port <= 65535:
+        raise PlanError(f"{torchtpu.BASE_PORT_VARIABLE}={base_port} is not a TCP port: use 1-65535")
+    worker = _whole_number(environ, "TPU_WORKER_ID")
+    if worker is None:
+        worker = _whole_number(environ, "JOB_COMPLETION_INDEX")
+    hostnames = tuple(name for name in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if name)
+    mesh = environ.get("TPU_TOPOLOGY")
+    return torchtpu.TpuSlice(chip=chip, base_port=torchtpu.DEFAULT_BASE_PORT if base_port is None else base_port,
+                             worker=worker, worker_hostnames=hostnames if len(hostnames) > 1 else (),
+                             chip_mesh=torchtpu.chip_mesh(mesh) if mesh else None)
+
+
+def _whole_number(environ: Mapping[str, str], name: str) -> int | None:
+    """``environ[name]`` as a whole number, None where unset or empty; refused where it is not one."""
+    text = environ.get(name, "").strip()
+    if not text:
+        return None
+    if not text.isdigit():
+        raise PlanError(f"{name}={environ[name]!r} is not a whole number")
+    return int(text)
+
+
+def check_slice_seating(device: DevicePlan, topology: Topology, max_nodes: int) -> None:
+    """Refuse a job across TPU hosts under TorchTPU where this host's place in the slice is unknown
+    (c10d) or past its nodes.
+
+    libtpu maps task ids to chips, and TorchTPU's ranks bind the address list in node-rank order,
+    so the node rank must be the host's number in the slice. A c10d rendezvous hands out node
+    ranks by arrival; with every host's number known it orders the nodes by it instead.
+    """
+    worker = device.slice_worker
+    if not device.plans_slice_addresses or max_nodes == 1:
+        return
+    if worker is not None and worker >= max_nodes:
+        raise PlanError(f"this host is worker {worker} of its TPU slice, past the job's {max_nodes} nodes: give "
+                        f"{flag('nnodes')} the slice's host count")
+    if topology is Topology.C10D and worker is None:
+        raise PlanError("TorchTPU across hosts needs each node rank to be the host's worker number in its TPU "
+                        "slice (libtpu maps task ids to chips), and a c10d rendezvous would hand them out by "
+                        f"arrival: set TPU_WORKER_ID or JOB_COMPLETION_INDEX, use {flag('cluster')} tpu-vm or "
+                        f"gke-tpu, or give {flag('node_rank')} with {flag('rdzv_backend')} static")
 
 
 def assumed_host(device: str, nproc: NprocRequest, spmd: bool) -> AssumedHost | None:

@@ -26,9 +26,14 @@ from xlarun.host.ports import host_port
 from xlarun.planning.device import DevicePlan
 from xlarun.planning.environment import worker_variables
 from xlarun.ranks import NodeAssignment
+from xlarun.runtimes.torchtpu import ADDRESSES
 
 DECIDED_AT_RENDEZVOUS = "<decided at rendezvous>"
 """What a dry run shows in place of a value only a real rendezvous decides."""
+
+STAND_IN_WORKER_PORT = 40000
+"""The first of the stand-ins for the ports a launch picks for its workers on one host (TorchTPU's):
+five digits, as the kernel's picks have, so that the plan's sizes are the real run's."""
 
 
 @dataclass(frozen=True)
@@ -69,9 +74,43 @@ def probe_node(config: LaunchConfig, device: DevicePlan) -> NodeAssignment:
         master_port = stand_in_ports(device)[0]
     else:
         master_port = config.store_address()[1] if topology is Topology.STATIC else config.master_port
-    return NodeAssignment.single_node(config.rdzv_id, config.nproc_per_node, config.master_addr, master_port,
+    node = NodeAssignment.single_node(config.rdzv_id, config.nproc_per_node, config.master_addr, master_port,
                                       node_rank=min(config.node_rank, config.max_nodes - 1),
                                       nnodes=config.max_nodes)
+    return with_slice_stand_ins(node, config, device)
+
+
+def with_slice_stand_ins(node: NodeAssignment, config: LaunchConfig, device: DevicePlan,
+                         variant: int = 0) -> NodeAssignment:
+    """``node`` with stand-ins for what TorchTPU's address list takes from the start or the rendezvous.
+
+    On one node the ports the launcher picks for its workers; across nodes every node's address,
+    each assumed as long as this node's own or the store's (:func:`stand_in_node_address`); and the
+    job's start, its profiling session. ``variant`` 1 gives the alternative, whose every stand-in
+    differs. A c10d node whose number in the slice is known takes that number as its node rank,
+    as the rendezvous seats it (:func:`~xlarun.planning.device.check_slice_seating`).
+    """
+    if not device.plans_slice_addresses:
+        return node
+    if config.topology in (Topology.STANDALONE, Topology.LONE_NODE):
+        first = STAND_IN_WORKER_PORT + variant * node.local_world_size
+        return dataclasses.replace(node, worker_ports=tuple(range(first, first + node.local_world_size)),
+                                   job_started_ns=variant)
+    worker = device.slice_worker
+    if config.topology is Topology.C10D and worker is not None:
+        node = dataclasses.replace(node, node_rank=worker, nnodes=config.max_nodes,
+                                   rank_offset=worker * node.local_world_size,
+                                   world_size=config.max_nodes * node.local_world_size)
+    host = stand_in_node_address(config)
+    # The alternative's addresses are as long, so that both plans fit Linux's limit or neither does.
+    return dataclasses.replace(node, hosts=("x" * len(host) if variant else host,) * node.nnodes,
+                               job_started_ns=variant)
+
+
+def stand_in_node_address(config: LaunchConfig) -> str:
+    """What a plan takes each node's address for before a rendezvous learns them: this node's
+    ``--local-addr``, else the address of the job's store."""
+    return config.local_addr or config.store_address()[0]
 
 
 def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:
@@ -80,8 +119,21 @@ def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:
     A dry run meets no other node, so what only a real rendezvous decides gets a stand-in
     value, and :attr:`NodePlan.alternative` another one, which the plan marks wherever it
     shows: c10d's node ranks, world size and workers' store (node rank 0's agent serves it on
-    a port the kernel picks), and the free port and fresh run id ``--standalone`` takes at start.
+    a port the kernel picks), the free port and fresh run id ``--standalone`` takes at start, and
+    what TorchTPU's address list takes from either (:func:`with_slice_stand_ins`).
     """
+    plan = plan_node_placement(config, device)
+    node, other = plan.node, plan.alternative or plan.node
+    assumed = plan.assumed
+    if device.plans_slice_addresses and config.topology in (Topology.STATIC, Topology.C10D):
+        assumed += (f"{ADDRESSES} assumes every node's address is as long as {stand_in_node_address(config)}; "
+                    "the rendezvous learns the real ones",)
+    return dataclasses.replace(plan, node=with_slice_stand_ins(node, config, device),
+                               alternative=with_slice_stand_ins(other, config, device, variant=1), assumed=assumed)
+
+
+def plan_node_placement(config: LaunchConfig, device: DevicePlan) -> NodePlan:
+    """:func:`plan_node`'s ranks, world size and store, before TorchTPU's stand-ins."""
     nproc = config.nproc_per_node
     port, other_port = stand_in_ports(device)
     topology = config.topology
@@ -168,6 +220,7 @@ def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan
         "master_addr": placement["master_addr"],
         "master_port": placement["master_port"],
         "rdzv_backend": config.rdzv_backend,
+        "follows_torchrun": ".".join(map(str, config.torchrun)),
         "rdzv_endpoint": planned.endpoint,
         "decided_at_rendezvous": [key for key, value in placement.items() if value == DECIDED_AT_RENDEZVOUS]
                                  + undecided_variables,

@@ -11,7 +11,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from xlarun.exceptions import PlanError
+from xlarun.flags import flag
 from xlarun.ranks import NodeAssignment
+from xlarun.runtimes import local_rank_reader
+from xlarun.runtimes.releases import Release
 
 if TYPE_CHECKING:
     # Annotations only: the worker imports this module for LAUNCHED_MARKER.
@@ -21,6 +25,12 @@ if TYPE_CHECKING:
 LAUNCHED_MARKER = "XLARUN_LAUNCHED"
 """Set to ``1`` in every worker xlarun starts; :func:`xlarun.is_launched` reads it."""
 
+SIGNALS_VARIABLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+SIGNALS_VARIABLE_SINCE: Release = (2, 10)
+"""From this torchrun on, every worker gets ``--signals-to-handle`` as given in :data:`SIGNALS_VARIABLE`
+(``launcher/api.py`` sets it in the launcher's environment before the workers start)."""
+
+
 def omp_threads_default(nproc_per_node: int, environ: Mapping[str, str]) -> str | None:
     """torchrun's rule: ``OMP_NUM_THREADS=1`` for several local workers unless the user chose."""
     if nproc_per_node > 1 and "OMP_NUM_THREADS" not in environ:
@@ -28,12 +38,14 @@ def omp_threads_default(nproc_per_node: int, environ: Mapping[str, str]) -> str 
     return None
 
 
-def contract_env(node: NodeAssignment, local_rank: int, *, role: str, max_restarts: int,
+def contract_env(node: NodeAssignment, local_rank: int, *, config: LaunchConfig,
                  environ: Mapping[str, str], error_file: str) -> dict[str, str]:
     """Every variable the launcher sets or changes for one worker under torchrun's contract.
 
     ``environ`` is the launcher's own environment; the worker inherits it, and this
     mapping is laid over it. With one role, role ranks and sizes equal the global ones.
+    ``config`` gives the role, the restarts, the handled signals (in the worker's environment
+    from torchrun 2.10, as :attr:`LaunchConfig.torchrun` follows) and the virtual local rank.
     """
     rank = node.global_rank(local_rank)
     env = {
@@ -41,7 +53,7 @@ def contract_env(node: NodeAssignment, local_rank: int, *, role: str, max_restar
         "RANK": str(rank),
         "GROUP_RANK": str(node.node_rank),
         "ROLE_RANK": str(rank),
-        "ROLE_NAME": role,
+        "ROLE_NAME": config.role,
         "LOCAL_WORLD_SIZE": str(node.local_world_size),
         "WORLD_SIZE": str(node.world_size),
         "GROUP_WORLD_SIZE": str(node.nnodes),
@@ -49,7 +61,7 @@ def contract_env(node: NodeAssignment, local_rank: int, *, role: str, max_restar
         "MASTER_ADDR": node.master_addr,
         "MASTER_PORT": str(node.master_port),
         "TORCHELASTIC_RESTART_COUNT": str(node.restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+        "TORCHELASTIC_MAX_RESTARTS": str(config.max_restarts),
         "TORCHELASTIC_RUN_ID": node.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": str(node.agent_store),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
@@ -59,13 +71,47 @@ def contract_env(node: NodeAssignment, local_rank: int, *, role: str, max_restar
     omp = omp_threads_default(node.local_world_size, environ)
     if omp is not None:
         env["OMP_NUM_THREADS"] = omp
+    if config.torchrun >= SIGNALS_VARIABLE_SINCE:
+        env[SIGNALS_VARIABLE] = config.signals_to_handle.text
+    if config.virtual_local_rank:
+        env.update(virtual_local_rank_env(local_rank, environ))
     return env
+
+
+def virtual_local_rank_env(local_rank: int, environ: Mapping[str, str]) -> dict[str, str]:
+    """torchrun's ``--virtual-local-rank``: ``LOCAL_RANK=0``, and the worker's own GPU as the only one
+    visible, so that it is device 0 there.
+
+    The GPU is the local rank's entry of the launcher's ``CUDA_VISIBLE_DEVICES`` (stripped) when
+    set, else the local rank; the command line refused a list too short for the workers.
+    """
+    visible = environ.get("CUDA_VISIBLE_DEVICES")
+    own = visible.split(",")[local_rank].strip() if visible is not None else str(local_rank)
+    return {"LOCAL_RANK": "0", "CUDA_VISIBLE_DEVICES": own}
+
+
+def check_virtual_local_rank(device: DevicePlan, node: NodeAssignment) -> None:
+    """Refuse ``--virtual-local-rank`` where the device's runtime places each process by its local rank.
+
+    A lone worker per node has local rank 0 either way; several would all take the first chip,
+    NeuronCore or GPU.
+    """
+    reader = local_rank_reader(device.device) if node.local_world_size > 1 else None
+    if reader is not None:
+        raise PlanError(f"{flag('virtual_local_rank')} gives each of the {node.local_world_size} workers "
+                        f"LOCAL_RANK=0, but on {device.device} {reader}, so they would all take the same device: "
+                        f"drop {flag('virtual_local_rank')}")
 
 
 def worker_variables(config: LaunchConfig, node: NodeAssignment, local_rank: int, device: DevicePlan,
                      environ: Mapping[str, str], error_file: str) -> dict[str, str]:
-    """Every variable xlarun sets or changes for one worker (the rest is inherited)."""
-    variables = contract_env(node, local_rank, role=config.role, max_restarts=config.max_restarts,
-                             environ=environ, error_file=error_file)
+    """Every variable xlarun sets or changes for one worker (the rest is inherited).
+
+    Raises :class:`PlanError` where ``--virtual-local-rank`` cannot run on the device (before the
+    first worker starts: the agent asks for every worker's variables first).
+    """
+    if config.virtual_local_rank:
+        check_virtual_local_rank(device, node)
+    variables = contract_env(node, local_rank, config=config, environ=environ, error_file=error_file)
     variables.update(device.variables(node, local_rank))
     return variables

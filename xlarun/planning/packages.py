@@ -11,12 +11,17 @@ from __future__ import annotations
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from xlarun.exceptions import PlanError
+from xlarun.runtimes import NATIVE_RUNTIMES
 from xlarun.runtimes.releases import NEWEST, SUPPORTED, TPU_GENERATION_FIRST_RELEASE, XPU_FIRST_RELEASE, Release
 
-RUNTIMES = ("auto", "pjrt", "xrt")
+RUNTIMES = ("auto", "pjrt", "xrt", *NATIVE_RUNTIMES)
+
+NATIVE_DISTRIBUTIONS: Mapping[str, str] = {"torchtpu": "torch_tpu", "torchneuron": "torch-neuronx"}
+"""The package of each device's own backend. AWS names the native TorchNeuron ``torch-neuronx``, like its
+legacy PyTorch/XLA library, which needs torch_xla: without torch_xla it is the native one."""
 
 VersionLookup = Callable[[str], str | None]
 """Maps a distribution name to its installed version string, or None when absent."""
@@ -77,14 +82,20 @@ def supported_releases_text() -> str:
             f"or {_version_text((FIRST_WITHOUT_XRT[0], FIRST_WITHOUT_XRT[1] - 1))} and older under XRT")
 
 
-def resolve_runtime(requested: str, torch_xla_version: str | None) -> str:
-    """Turn the requested runtime into ``"pjrt"`` or ``"xrt"``.
+def resolve_runtime(requested: str, torch_xla_version: str | None, device: str = "cpu", spmd: bool = False,
+                    version_of: VersionLookup = installed_version) -> str:
+    """Turn the requested runtime into one of :data:`RUNTIMES` but ``auto``.
 
-    ``auto`` is XRT only for a torch_xla older than 2.1 (2.1 deleted XRT); with no
-    torch_xla installed (a dry run, or CPU without XLA) it plans for PJRT.
+    ``auto`` is XRT only for a torch_xla older than 2.1 (2.1 deleted XRT). With no torch_xla
+    installed it is the device's own backend where that is installed (:data:`NATIVE_DISTRIBUTIONS`:
+    TorchTPU on tpu, TorchNeuron on neuron) and SPMD, torch_xla's, was not asked for; else PJRT (a
+    dry run for another machine, or CPU without XLA).
     """
     if requested != "auto":
         return requested
+    if torch_xla_version is None and not spmd:
+        return next((runtime for runtime, native_device in NATIVE_RUNTIMES.items()
+                     if native_device == device and version_of(NATIVE_DISTRIBUTIONS[runtime]) is not None), "pjrt")
     if torch_xla_version is not None and major_minor(torch_xla_version) < FIRST_WITHOUT_XRT:
         return "xrt"
     return "pjrt"
@@ -114,6 +125,9 @@ def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices:
     generation when known. Raises :class:`PlanError` with one line naming the conflict and
     what would work.
     """
+    if runtime in NATIVE_RUNTIMES:
+        preflight_native(runtime, tpu_library_path, version_of)
+        return
     torch_xla_version = version_of("torch_xla")
     if torch_xla_version is None:
         if needs_torch_xla(device, spmd, virtual_devices) or runtime == "xrt":
@@ -158,3 +172,38 @@ def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices:
     if device == "neuron" and version_of("libneuronxla") is None:
         raise PlanError("device neuron needs the AWS Neuron SDK's libneuronxla package, "
                          "which is not installed in this Python")
+
+
+def preflight_native(runtime: str, tpu_library_path: str | None, version_of: VersionLookup) -> None:
+    """Refuse a native runtime (:data:`NATIVE_DISTRIBUTIONS`) whose package is missing, or mixed with torch_xla.
+
+    TorchTPU loads libtpu from ``TPU_LIBRARY_PATH`` inside ``import torch`` and aborts the process
+    (a fatal CHECK) where the path names no library, so a path that names no file is refused here.
+    """
+    distribution = NATIVE_DISTRIBUTIONS[runtime]
+    version = version_of(distribution)
+    if version is None:
+        raise PlanError(f"the {runtime} runtime needs {distribution}, which is not installed in this Python")
+    torch_xla_version = version_of("torch_xla")
+    if runtime == "torchneuron" and torch_xla_version is not None:
+        raise PlanError(f"torch-neuronx {version} beside torch_xla {torch_xla_version} is AWS's PyTorch/XLA "
+                        "library, not the native TorchNeuron, and the two must not be mixed: use the pjrt "
+                        "runtime, or install TorchNeuron where torch_xla is not")
+    if runtime == "torchtpu" and tpu_library_path and not os.path.isfile(tpu_library_path):
+        raise PlanError(f"TPU_LIBRARY_PATH={tpu_library_path} is not a file: torch_tpu loads libtpu from it at "
+                        "import torch and aborts every worker where it cannot; unset it or name libtpu.so")
+
+
+NEWEST_TORCHRUN: Release = (2, 15)
+"""The newest torchrun xlarun follows, and the one it follows where no torch is installed."""
+
+LONE_NODE_ON_A_FREE_PORT: Release = (2, 12)
+"""From this torch on, torchrun runs a lone node given neither ``--master-port`` (nor ``PET_MASTER_PORT``)
+nor an endpoint as ``--standalone``: c10d on ``localhost:0``, a free port, a fresh run id (``run.py``'s
+``run``). Before it, such a node takes MASTER_PORT 29500."""
+
+
+def followed_torchrun(version_of: VersionLookup = installed_version) -> Release:
+    """The torchrun whose behaviour xlarun follows where releases differ: the installed torch's, else the newest."""
+    version = version_of("torch")
+    return NEWEST_TORCHRUN if version is None else min(major_minor(version), NEWEST_TORCHRUN)

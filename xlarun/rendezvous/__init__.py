@@ -16,14 +16,17 @@ store's plumbing and key names), ``joining`` (who takes part, and each attempt's
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import socket
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
 from xlarun.console import StatusLine
 from xlarun.failures import FailureRecord
+from xlarun.host.ports import free_ports
 from xlarun.ranks import NodeAssignment
 
 if TYPE_CHECKING:
@@ -85,19 +88,26 @@ class FixedRendezvous:
     """No store, no other node to meet: ranks follow from the flags alone.
 
     Runs a single node: ``--standalone``, or one static node at the master address and port.
-    (A dry run plans its nodes without a rendezvous: :mod:`xlarun.planning.dryrun`.)
+    (A dry run plans its nodes without a rendezvous: :mod:`xlarun.planning.dryrun`.) With
+    ``worker_ports`` each attempt gets ports picked free on every address of this host, one per
+    worker (:attr:`~xlarun.ranks.NodeAssignment.worker_ports`); the job starts at the first attempt.
     """
 
-    def __init__(self, run_id: str, master_addr: str, master_port: int):
+    def __init__(self, run_id: str, master_addr: str, master_port: int, worker_ports: bool = False):
         self._run_id = run_id
         self._master_addr = master_addr
         self._master_port = master_port
+        self._worker_ports = worker_ports
         self._nproc = 0
+        self._started_ns = 0
 
     def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
         self._nproc = nproc_per_node
-        return NodeAssignment.single_node(self._run_id, nproc_per_node, self._master_addr, self._master_port,
+        self._started_ns = self._started_ns or time.time_ns()
+        node = NodeAssignment.single_node(self._run_id, nproc_per_node, self._master_addr, self._master_port,
                                           restart_count=attempt)
+        ports = free_ports(nproc_per_node, "0.0.0.0") if self._worker_ports else ()
+        return dataclasses.replace(node, worker_ports=ports, job_started_ns=self._started_ns)
 
     def watch(self, stop: Callable[[str], None]) -> None:
         return None
@@ -119,19 +129,24 @@ class FixedRendezvous:
         return None
 
 
-def multi_node_rendezvous(config: LaunchConfig, environ: Mapping[str, str],
-                          connector: Connector | None = None) -> Rendezvous:
+def multi_node_rendezvous(config: LaunchConfig, environ: Mapping[str, str], connector: Connector | None = None,
+                          *, node_hosts: bool = False, place: int | None = None) -> Rendezvous:
     """The rendezvous of one node of a multi-node job, seated by ``config``'s backend.
 
     Nothing is contacted until the first :meth:`~Rendezvous.assign`. ``connector`` opens each
     connection to the store (a TCPStore client unless given; the pod-scale benchmark passes
-    one that counts requests).
+    one that counts requests). With ``node_hosts`` each assignment lists every node's address in
+    node-rank order (:attr:`~xlarun.ranks.NodeAssignment.hosts`); ``place`` is this node's worker
+    number in its TPU slice, by which the nodes are ranked where every one has one.
     """
     # c10d logs every store hiccup at error level, with a C++ stack; the launcher reports such
     # events in one line. Only this process: workers get the environment the launcher started with.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     # Otherwise torch's handler serves a second store, on every interface, that nothing here uses.
     os.environ.setdefault("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    # The agent needs torch's store, not a device: without this, import torch loads every installed
+    # device backend (torch_tpu and libtpu: about 3.5 s of CPU and libtpu's log lines on stderr).
+    os.environ["TORCH_DEVICE_BACKEND_AUTOLOAD"] = "0"
     import torch.distributed  # noqa: F401  (the engine: imported on this path only)
 
     # A single node's start-up imports this package: the multi-node modules load only here.
@@ -145,5 +160,5 @@ def multi_node_rendezvous(config: LaunchConfig, environ: Mapping[str, str],
     keys, status = JobKeys(config.rdzv_id), StatusLine()
     seating: Seating = (StaticSeating(config, keys, status) if config.rdzv_backend == "static"
                         else C10dSeating(config, keys, status, connector))
-    return NodeRendezvous(config, environ, seating, keys, status, connector)
+    return NodeRendezvous(config, environ, seating, keys, status, connector, node_hosts=node_hosts, place=place)
 

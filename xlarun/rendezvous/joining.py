@@ -37,6 +37,9 @@ class Member:
     """The agent's id in this job, unique per agent process (a replacement gets a new one)."""
     host: str
     nproc: int
+    place: int | None = None
+    """Where the node belongs in the job's order, where its host says (its worker number in a TPU
+    slice): an attempt whose every node has one ranks them by it instead of the round's order."""
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ class Seat:
     master_port: int
     store_node: int | None
     change: str
+    job_started_ns: int = 0
+    """When the job's first attempt was seated: one id for the whole job, the same on every node."""
 
     def encode(self) -> str:
         return json.dumps(asdict(self))
@@ -145,7 +150,7 @@ def take_seat(board: Client, prefix: str, rank: int, nnodes: int, me: Member, le
     A timeout names the node ranks whose records never came (``reached`` words what they
     did not do, e.g. ``joined``).
     """
-    board.set(f"{prefix}node/{rank}", json.dumps([me.agent, me.host, me.nproc]))
+    board.set(f"{prefix}node/{rank}", json.dumps([me.agent, me.host, me.nproc, me.place]))
     if int(board.add(f"{prefix}arrived", 1)) >= nnodes:
         board.set(f"{prefix}complete", "1")
 
@@ -170,14 +175,23 @@ def take_seat(board: Client, prefix: str, rank: int, nnodes: int, me: Member, le
 
 def seat_attempt(store: Client, keys: JobKeys, attempt: int, members: list[Member], master_addr: str,
                  master_port: int) -> list[Seat]:
-    """The leader's decision: publish ``attempt``'s roster and give every node its seat.
+    """The leader's decision: publish ``attempt``'s roster and give every node its seat, in the
+    order of ``members`` (the round's).
 
-    The seats name the workers' store (``master_addr:master_port``), the node that serves the
-    job's store, and what changed since the attempt before.
+    Node ranks follow that order, or the members' places where every one has one (a TPU slice's
+    worker numbers, which libtpu maps to chips). The seats name the workers' store
+    (``master_addr:master_port``), the node that serves the job's store, what changed since the
+    attempt before, and when the job started (set once, by the first attempt's leader).
     """
+    order = list(range(len(members)))
+    if all(member.place is not None for member in members):
+        order.sort(key=lambda index: members[index].place or 0)
+    ranked = [members[index] for index in order]
+    node_rank = {index: rank for rank, index in enumerate(order)}
     host_agent = store.get(keys("host_agent")).decode()
-    store_node = next((rank for rank, m in enumerate(members) if str(m.agent) == host_agent), None)
-    roster = Roster(tuple(members))
+    store_node = next((rank for rank, m in enumerate(ranked) if str(m.agent) == host_agent), None)
+    started = int(store.compare_set(keys("started_ns"), "", str(time.time_ns())).decode())
+    roster = Roster(tuple(ranked))
     change = ""
     previous = keys.attempt(attempt - 1, "roster")
     if attempt > 0 and store.check([previous]):
@@ -186,11 +200,12 @@ def seat_attempt(store: Client, keys: JobKeys, attempt: int, members: list[Membe
     # The monitor follows the latest attempt seated.
     store.set(keys("published"), str(attempt + 1))
     # As torchrun: the workers of the nodes ranked before come first.
-    offsets = [0, *itertools.accumulate(m.nproc for m in members)]
+    offsets = [0, *itertools.accumulate(m.nproc for m in ranked)]
     world_size = offsets[-1]
-    return [Seat(attempt=attempt, node_rank=rank, nnodes=len(members), rank_offset=offsets[rank],
-                 world_size=world_size, master_addr=master_addr, master_port=master_port, store_node=store_node,
-                 change=change) for rank in range(len(members))]
+    return [Seat(attempt=attempt, node_rank=node_rank[index], nnodes=len(members),
+                 rank_offset=offsets[node_rank[index]], world_size=world_size, master_addr=master_addr,
+                 master_port=master_port, store_node=store_node, change=change, job_started_ns=started)
+            for index in range(len(members))]
 
 
 def missing(board: Client, prefix: str, nnodes: int, waited: float, status: StatusLine, reached: str) -> LaunchError:

@@ -77,11 +77,16 @@ class NodeRendezvous:
 
     Made by :func:`~xlarun.rendezvous.multi_node_rendezvous`, with the seating of the config's
     backend (which shares ``keys`` and ``status``); ``connector`` opens each connection to the store.
+    With ``node_hosts`` every assignment lists the nodes' addresses (the attempt's roster: one
+    read per attempt); ``place`` is where this node belongs in the job's order, if its host says
+    (:attr:`~xlarun.rendezvous.joining.Member.place`).
     """
 
     def __init__(self, config: LaunchConfig, environ: Mapping[str, str], seating: Seating, keys: JobKeys,
-                 status: StatusLine, connector: Connector):
+                 status: StatusLine, connector: Connector, node_hosts: bool = False, place: int | None = None):
         self._config = config
+        self._node_hosts = node_hosts
+        self._place = place
         self._seating = seating
         self._timeouts = seating.timeouts
         self._token = config.rdzv_conf.get("token") or environ.get("XLARUN_RDZV_TOKEN", "")
@@ -117,13 +122,15 @@ class NodeRendezvous:
         with lost_store_is_one_line(self._describe_lost_store):
             if self._store is None:
                 self._join()
-            me = Member(self._agent, self._host, nproc_per_node)
+            me = Member(self._agent, self._host, nproc_per_node, self._place)
             seat = self._seating.seat(self._store_client(), me, self._seat, self._lead)
             self._begin(seat)
+        hosts = tuple(member.host for member in self._roster.members) if self._node_hosts and self._roster else ()
         return NodeAssignment(run_id=self._keys.run_id, node_rank=seat.node_rank, nnodes=seat.nnodes,
                               local_world_size=nproc_per_node, rank_offset=seat.rank_offset,
                               world_size=seat.world_size, master_addr=seat.master_addr, master_port=seat.master_port,
-                              restart_count=seat.attempt, agent_store=True)
+                              restart_count=seat.attempt, agent_store=True, hosts=hosts,
+                              job_started_ns=seat.job_started_ns)
 
     def _join(self) -> None:
         """Reach (or serve) the job's store, pass the job check, start beating and take part."""
@@ -177,7 +184,7 @@ class NodeRendezvous:
         assert self._watch_client is not None
         if seat.change:
             announce_change(seat.change, seat.nnodes, self._config.min_nodes, self._config.max_nodes, self._status)
-        if self._config.summary_file:
+        if self._config.summary_file or self._node_hosts:
             self._roster = read_roster(self._store_client(), self._keys, seat.attempt)
         self._seat = seat
         self._watch = EndWatch(self._watch_client, self._keys.attempt(seat.attempt, "end"), self._on_news,

@@ -184,6 +184,7 @@ class JobKeys:
                                      the round at the job's end, waits a moment for them to hear it
         attempts                     c10d: numbers the attempts for the whole job
         published                    one more than the latest attempt seated (the monitor follows it)
+        started_ns                   when the first attempt was seated: the job's one id (TorchTPU's session)
         attempt_<n>/roster           the attempt's nodes in rank order (agent, host, workers)
         attempt_<n>/end              what ended the attempt (first writer wins); every node waits on it
         attempt_<n>/failure          the first failure of the attempt (JSON), first writer wins

@@ -5,7 +5,9 @@ The launcher sets torchrun's variables (``RANK``, ``WORLD_SIZE``, ``MASTER_ADDR`
 as pure functions of the plan, one module per runtime or device:
 :mod:`~xlarun.runtimes.pjrt` (every PJRT device), :mod:`~xlarun.runtimes.tpu`,
 :mod:`~xlarun.runtimes.neuron`, :mod:`~xlarun.runtimes.cuda`,
-:mod:`~xlarun.runtimes.cpu` and :mod:`~xlarun.runtimes.xrt` (torch_xla 2.0 and older).
+:mod:`~xlarun.runtimes.cpu` and :mod:`~xlarun.runtimes.xrt` (torch_xla 2.0 and older); and the
+devices' own backends without torch_xla, :mod:`~xlarun.runtimes.torchtpu` (TorchTPU) and
+:mod:`~xlarun.runtimes.torchneuron` (TorchNeuron), which get none of torch_xla's variables.
 Where torch_xla releases differ, the modules read :attr:`XlaOptions.release` against the
 facts in :mod:`~xlarun.runtimes.releases`.
 
@@ -15,7 +17,9 @@ No value lists one entry per worker, so a worker's environment grows only with t
 logarithm of the world size: a few bytes between 2 and a million workers, far below
 Linux's 128 KiB limit on one variable. One value lists one entry per host: Neuron under
 SPMD across several nodes needs ``NEURON_PJRT_PROCESSES_NUM_DEVICES`` (about 3 bytes a
-node, see :mod:`~xlarun.runtimes.neuron`), and a plan where it would pass the limit is refused.
+node, see :mod:`~xlarun.runtimes.neuron`). One lists one entry per device: TorchTPU's address
+list (about 18 bytes a device, see :mod:`~xlarun.runtimes.torchtpu`), which torch_tpu itself
+requires. A plan where either would pass the limit is refused (:mod:`~xlarun.runtimes.limits`).
 """
 
 from __future__ import annotations
@@ -26,8 +30,9 @@ from dataclasses import dataclass
 from xlarun.exceptions import PlanError
 from xlarun.host.ports import host_port
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import cpu, cuda, neuron, pjrt, tpu, xrt
+from xlarun.runtimes import cpu, cuda, neuron, pjrt, torchneuron, torchtpu, tpu, xrt
 from xlarun.runtimes.releases import NEWEST, Release
+from xlarun.runtimes.torchtpu import TpuSlice
 from xlarun.runtimes.tpu import TpuTopology
 
 UNPRIVILEGED_PORTS = (1024, 65535)
@@ -43,6 +48,19 @@ _PJRT_DEVICE_ENV: Mapping[str, _DeviceEnv] = {
     "cpu": cpu.env,
 }
 """Device-specific PJRT variables; a device not listed (xpu) needs only the common ones."""
+
+NATIVE_RUNTIMES: Mapping[str, str] = {"torchtpu": "tpu", "torchneuron": "neuron"}
+"""The runtimes that are not torch_xla's, each a device's own PyTorch backend, and their device."""
+
+_NATIVE_ENV: Mapping[str, _DeviceEnv] = {"torchtpu": torchtpu.env, "torchneuron": torchneuron.env}
+
+_LOCAL_RANK_READERS: Mapping[str, str] = {
+    "tpu": tpu.LOCAL_RANK_READER,
+    "neuron": neuron.LOCAL_RANK_READER,
+    "cuda": cuda.LOCAL_RANK_READER,
+    "xpu": pjrt.PLUGIN_LOCAL_RANK_READER,
+}
+"""How each device's runtime places a process by its local rank; CPU processes share no device."""
 
 
 def coordinator_port(master_port: int, override: int | None = None) -> int:
@@ -78,7 +96,8 @@ class XlaOptions:
     TPU under SPMD needs it. ``release`` is the installed torch_xla's ``(major, minor)``
     (:data:`~xlarun.runtimes.releases.NEWEST` where none is installed). ``local_units`` is
     how many devices (TPU chips, NeuronCores, GPUs) one node's processes share, when known;
-    Neuron under SPMD across nodes needs it.
+    Neuron under SPMD across nodes needs it. ``tpu_slice`` is what TorchTPU needs to know of the
+    slice beyond its shape (:class:`~xlarun.runtimes.torchtpu.TpuSlice`).
     """
 
     device: str
@@ -89,12 +108,19 @@ class XlaOptions:
     tpu_topology: TpuTopology | None = None
     release: Release = NEWEST
     local_units: int | None = None
+    tpu_slice: TpuSlice | None = None
 
     def __post_init__(self) -> None:
         if self.virtual_devices is not None and self.device != "cpu":
             raise PlanError(f"virtual devices exist on the cpu device only, not on {self.device}")
         if self.spmd and self.runtime == "xrt":
             raise PlanError("SPMD needs the PJRT runtime, not XRT")
+        native_device = NATIVE_RUNTIMES.get(self.runtime)
+        if native_device is not None and self.device != native_device:
+            raise PlanError(f"the {self.runtime} runtime runs on device {native_device}, not {self.device}")
+        if native_device is not None and self.spmd:
+            raise PlanError(f"SPMD is torch_xla's, and the {self.runtime} runtime has no torch_xla: it runs one "
+                            "process per device")
 
     def coordinator_port_for(self, node: NodeAssignment) -> int:
         return coordinator_port(node.master_port, self.coordinator_port)
@@ -118,11 +144,20 @@ def xla_env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[
         options.coordinator_port_for(node)
     if options.runtime == "xrt":
         return xrt.env(options, node, local_rank)
+    if options.runtime in _NATIVE_ENV:
+        return _NATIVE_ENV[options.runtime](options, node, local_rank)
     variables = pjrt.env(options, node, local_rank)
     device_env = _PJRT_DEVICE_ENV.get(options.device)
     if device_env is not None:
         variables.update(device_env(options, node, local_rank))
     return variables
+
+
+def local_rank_reader(device: str) -> str | None:
+    """How the device's runtime places each of several local processes by its local rank, or None
+    where it does not (CPU): the reason workers that all get ``LOCAL_RANK=0`` (torchrun's
+    ``--virtual-local-rank``) cannot share the host's devices."""
+    return _LOCAL_RANK_READERS.get(device)
 
 
 def apply_user_precedence(planned: dict[str, str],

@@ -16,6 +16,11 @@ if TYPE_CHECKING:
     from xlarun.runtimes import XlaOptions
 
 
+LOCAL_RANK_READER = "the XLA:GPU client takes the GPU at PJRT_LOCAL_PROCESS_RANK among those it sees"
+"""Why ``--virtual-local-rank`` (one visible GPU per worker) does not fit XLA:GPU, which places a
+process by its local rank among the host's GPUs."""
+
+
 def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
     """XLA:GPU variables for one worker."""
     return {"XLA_COORDINATOR_PORT": str(options.coordinator_port_for(node))}

@@ -35,6 +35,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
+from xlarun.runtimes.limits import check_variable_size
 from xlarun.runtimes.releases import NEURON_IMPORT_CONFIGURES
 
 if TYPE_CHECKING:
@@ -43,8 +44,12 @@ if TYPE_CHECKING:
 
 PROCESSES_NUM_DEVICES = "NEURON_PJRT_PROCESSES_NUM_DEVICES"
 
-MAX_VARIABLE_BYTES = 128 * 1024
-"""Linux's limit on one ``NAME=value`` string of an environment (``MAX_ARG_STRLEN``)."""
+
+LOCAL_RANK_READER = ("import torch_xla sets PJRT_LOCAL_PROCESS_RANK to LOCAL_RANK and takes the NeuronCore at "
+                     "that place of NEURON_RT_VISIBLE_CORES")
+"""Why every worker at ``LOCAL_RANK=0`` (``--virtual-local-rank``) cannot run on one Neuron host
+(``_internal/neuron.py``'s ``configure_pjrt_environment``; narrowing ``NEURON_RT_VISIBLE_CORES``
+to one core does not help, as it must list one core per local process)."""
 
 
 def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
@@ -71,9 +76,7 @@ def processes_num_devices(cores_per_node: int | None, nnodes: int) -> str:
                         f"{PROCESSES_NUM_DEVICES}, and this host shows none: run on the Neuron host, or set "
                         "NEURON_RT_VISIBLE_CORES to the cores of each node's process")
     value = ",".join([str(cores_per_node)] * nnodes)
-    if len(PROCESSES_NUM_DEVICES) + len(value) + 2 > MAX_VARIABLE_BYTES:
-        raise PlanError(f"{PROCESSES_NUM_DEVICES} for {nnodes} nodes would pass Linux's 128 KiB limit on one "
-                        "environment variable: split the job")
+    check_variable_size(PROCESSES_NUM_DEVICES, value, f"{nnodes} nodes")
     return value
 
 

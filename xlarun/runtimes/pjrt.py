@@ -27,6 +27,10 @@ if TYPE_CHECKING:
 
 SPMD_MARKER = "XLARUN_SPMD"
 
+PLUGIN_LOCAL_RANK_READER = "the PJRT plugin takes the device at PJRT_LOCAL_PROCESS_RANK among those it sees"
+"""Why ``--virtual-local-rank`` does not fit a device of a PJRT plugin with no set-up of its own (XPU):
+xlarun cannot narrow what the plugin sees to one device per worker."""
+
 
 def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
     """The device-independent PJRT variables for one worker."""

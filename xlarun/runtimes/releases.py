@@ -2,7 +2,7 @@
 
 Each fact below was read from the release's own Python set-up code (``runtime.py``,
 ``_internal/{pjrt,rendezvous,tpu,neuron}.py``, ``experimental/plugins.py``, the Neuron part
-of ``__init__.py``); ``tests/test_release_matrix.py`` runs that code, taken from each
+of ``__init__.py``); ``tests/launch/test_release_matrix.py`` runs that code, taken from each
 release's wheel, on the environments xlarun plans. A release is ``(major, minor)``: patch
 releases do not change this code.
 

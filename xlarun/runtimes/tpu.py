@@ -127,6 +127,11 @@ def topology(environ: Mapping[str, str], local_chips: int | None, nnodes: int,
     return None
 
 
+LOCAL_RANK_READER = "torch_xla's xla:// set-up numbers each process of a host (CLOUD_TPU_TASK_ID) by LOCAL_RANK"
+"""Why every worker at ``LOCAL_RANK=0`` (``--virtual-local-rank``) cannot run on one TPU host
+(``_internal/tpu.py``'s ``configure_topology``, called by ``xla://`` for several local processes)."""
+
+
 def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
     """TPU variables for one worker (see the module docstring for what is left out and why)."""
     shape = options.tpu_topology

@@ -30,10 +30,10 @@ from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import JobEnded, Rendezvous
 from xlarun.supervision.group import GroupOutcome, WorkerGroup, WorkerResult
 from xlarun.supervision.guard import OrphanGuard
-from xlarun.supervision.logs import make_run_log_dir, plan_worker_logs
+from xlarun.supervision.logs import make_run_log_dir, plan_attempt_logs, plan_worker_logs
 from xlarun.supervision.process import WorkerSpec
 from xlarun.supervision.report import RunSummary, failure_as_dict, failure_of, format_report
-from xlarun.supervision.signals import STOP_SIGNALS, SUSPEND_SIGNAL, SignalInbox, suspend_self
+from xlarun.supervision.signals import SUSPEND_SIGNAL, SignalInbox, suspend_self
 
 T = TypeVar("T")
 
@@ -55,7 +55,7 @@ class Agent:
     def run(self) -> int:
         guard = OrphanGuard().start()
         try:
-            with SignalInbox() as inbox:
+            with SignalInbox(self.config.signals_to_handle.signals) as inbox:
                 code = self._attempts(inbox, guard)
         except LaunchError as error:
             # The run ends in one line from the CLI; CI scripts still get their record.
@@ -109,7 +109,7 @@ class Agent:
                 self._run_dir = make_run_log_dir(self.config.log_dir, node.run_id)
             self.summary.restarts = attempt
             records: list[FailureRecord] = []
-            group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.kill_timeout, guard=guard,
+            group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.shutdown_timeout, guard=guard,
                                 on_failure=self._publisher(node, records))
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
@@ -146,13 +146,16 @@ class Agent:
 
     def _specs(self, node: NodeAssignment, attempt: int) -> list[WorkerSpec]:
         specs = []
-        for local_rank in range(node.local_world_size):
+        try:
+            matching = plan_attempt_logs(self.config, self._run_dir, attempt)
+            logs_by_rank = [plan_worker_logs(self.config, self._run_dir, attempt, local_rank,
+                                             node.global_rank(local_rank), matching)
+                            for local_rank in range(node.local_world_size)]
+        except OSError as error:
+            raise LaunchError(f"cannot make the log directory of attempt {attempt} in {self._run_dir}: "
+                              f"{error.strerror or error}") from None
+        for local_rank, logs in enumerate(logs_by_rank):
             rank = node.global_rank(local_rank)
-            try:
-                logs = plan_worker_logs(self.config, self._run_dir, attempt, local_rank, rank)
-            except OSError as error:
-                raise LaunchError(f"cannot make the log directory of attempt {attempt} in {self._run_dir}: "
-                                  f"{error.strerror or error}") from None
             variables = self.variables_for(node, local_rank, logs.error_file)
             specs.append(WorkerSpec(local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank),
                                     env={**self.environ, **variables}, logs=logs))
@@ -222,7 +225,7 @@ def wait_interruptibly(inbox: SignalInbox, call: Callable[..., T], *args: Any) -
                 received = inbox.drain()
                 if SUSPEND_SIGNAL in received:
                     suspend_self()  # no workers to take along
-                stops = [number for number in received if number in STOP_SIGNALS]
+                stops = [number for number in received if number in inbox.stop_signals]
                 if stops:
                     return Interrupted(stops[0])
                 if "value" in box or "error" in box:

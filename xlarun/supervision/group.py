@@ -2,7 +2,7 @@
 
 Usage::
 
-    with SignalInbox() as inbox:
+    with SignalInbox(config.signals_to_handle.signals) as inbox:
         group = WorkerGroup(specs, kill_timeout=30.0)
         outcome = group.run(inbox)
     if outcome.failures: ...

@@ -3,23 +3,29 @@
 Layout (as torchrun)::
 
     <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout.log, stderr.log, error.json}
+    <log_dir>/<run_id>_<random>/attempt_<n>/{filtered_stdout.log, filtered_stderr.log}
 
 A stream is *redirected* to its file, *tee'd* to the file and to the launcher's console
-with a ``[{role}{local_rank}]:`` prefix, or left to the console; :mod:`xlarun.supervision.relay`
-carries out the plan.
+with a ``[{role}{local_rank}]:`` prefix, or left to the console; what the console shows of a
+tee'd stream is also copied, line by line where it matches ``--duplicate-*-filters``, to the
+attempt's filtered file. :mod:`xlarun.supervision.relay` carries out the plan.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import socket
 import tempfile
+from collections.abc import Mapping
 from string import Template
 
 from xlarun.config import STDERR, STDOUT, LaunchConfig
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
-from xlarun.supervision.relay import StreamPlan, WorkerLogPlan
+from xlarun.supervision.relay import MatchingLines, StreamPlan, WorkerLogPlan
+
+FILTERED_LOGS = {STDOUT: "filtered_stdout.log", STDERR: "filtered_stderr.log"}
 
 
 def make_run_log_dir(base: str | None, run_id: str) -> str:
@@ -45,17 +51,33 @@ def make_run_log_dir(base: str | None, run_id: str) -> str:
 
 
 def line_prefix(config: LaunchConfig, rank: int, local_rank: int) -> bytes:
+    """torchrun's prefix: the template's macros substituted (``${hostname}`` is the short host name, as
+    torchrun 2.14's), else ``[{role}{local_rank}]:``."""
     if config.log_line_prefix_template:
         text = Template(config.log_line_prefix_template).safe_substitute(
-            role_name=config.role, rank=rank, local_rank=local_rank)
+            role_name=config.role, rank=rank, local_rank=local_rank, hostname=socket.gethostname())
     else:
         text = f"[{config.role}{local_rank}]:"
     return text.encode()
 
 
+def plan_attempt_logs(config: LaunchConfig, run_dir: str, attempt: int) -> dict[int, MatchingLines]:
+    """The attempt's filtered files, by stream, each created empty as torchrun creates it (whether
+    any rank is tee'd or not) where its stream has filters."""
+    filters = {STDOUT: config.duplicate_stdout_filters, STDERR: config.duplicate_stderr_filters}
+    planned = {bit: MatchingLines(os.path.join(run_dir, f"attempt_{attempt}", FILTERED_LOGS[bit]), needles)
+               for bit, needles in filters.items() if needles}
+    for matching in planned.values():
+        os.makedirs(os.path.dirname(matching.path), exist_ok=True)
+        with open(matching.path, "wb"):
+            pass
+    return planned
+
+
 def plan_worker_logs(config: LaunchConfig, run_dir: str, attempt: int, local_rank: int, rank: int,
-                     ) -> WorkerLogPlan:
-    """torchrun's stream rules for one worker; creates its attempt directory."""
+                     matching: Mapping[int, MatchingLines]) -> WorkerLogPlan:
+    """torchrun's stream rules for one worker; creates its attempt directory. ``matching`` (from
+    :func:`plan_attempt_logs`) gets the lines the console shows of its tee'd streams."""
     directory = os.path.join(run_dir, f"attempt_{attempt}", str(local_rank))
     shutil.rmtree(directory, ignore_errors=True)
     os.makedirs(directory)
@@ -68,7 +90,8 @@ def plan_worker_logs(config: LaunchConfig, run_dir: str, attempt: int, local_ran
         to_file = bool((redirects | tee) & bit)
         file = os.path.join(directory, f"{name}.log") if to_file else None
         if tee & bit:
-            return StreamPlan(file=file, console_fd=console_fd if shown else None, prefix=prefix, relay=True)
+            return StreamPlan(file=file, console_fd=console_fd if shown else None, prefix=prefix, relay=True,
+                              matching=matching.get(bit) if shown else None)
         if file is not None:
             return StreamPlan(file=file)
         if bit == STDERR:

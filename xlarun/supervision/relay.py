@@ -4,7 +4,8 @@ The launcher relays a worker's stderr (unchanged) instead of handing it the term
 failure report can quote the last lines even when the worker never wrote an error file. The
 console side goes through the launcher's own writers (:mod:`xlarun.console`), which never block.
 :class:`StreamPlan` says where one stream goes (the log plan, :mod:`xlarun.supervision.logs`,
-decides it).
+decides it), :class:`MatchingLines` where a tee'd stream's matching lines are copied too
+(torchrun's ``--duplicate-*-filters``).
 """
 
 from __future__ import annotations
@@ -13,12 +14,25 @@ import os
 import re
 from collections import deque
 from dataclasses import dataclass
+from typing import BinaryIO
 
 from xlarun.console import ConsoleWriter, console, say
 
 TAIL_LINES = 20
 # A worker that never ends a line (progress bars) still gets its text out in bounded pieces.
 MAX_PARTIAL_LINE = 64 * 1024
+
+
+@dataclass(frozen=True)
+class MatchingLines:
+    """The attempt's file that receives every tee'd line holding one of ``needles``, behind its prefix.
+
+    All the workers of an attempt append to it, each a whole line at a time (one ``write`` of a
+    file opened ``O_APPEND``), so their lines never mix.
+    """
+
+    path: str
+    needles: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -29,6 +43,7 @@ class StreamPlan:
     console_fd: int | None = None
     prefix: bytes = b""
     relay: bool = False
+    matching: MatchingLines | None = None
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,68 @@ LINE_END = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
 return, with which a progress bar redraws its line."""
 
 
+class LogFile:
+    """A file the relay appends to. One that refuses bytes (a full disk, a quota) costs that file, not
+    the run: one line, and nothing more is written to it."""
+
+    def __init__(self, path: str):
+        self.path = path
+        self._handle: BinaryIO | None = open(path, "ab", buffering=0)
+
+    def write(self, data: bytes) -> None:
+        if self._handle is None:
+            return
+        try:
+            self._handle.write(data)
+        except OSError as error:
+            say(f"cannot write {self.path}: {error.strerror or error}; it stops here, the console and the "
+                "run go on")
+            self.close()
+
+    def close(self) -> None:
+        if self._handle is not None:
+            try:
+                self._handle.close()
+            except OSError:
+                pass  # the fault write() reported; the file is given up either way
+            self._handle = None
+
+
+class MatchingCopy:
+    """Copies the lines of one stream that hold a needle to :class:`MatchingLines`' file, as torchrun does.
+
+    torchrun reads the tee'd log file as text (universal newlines, undecodable bytes replaced) and
+    writes each matching line behind the worker's prefix with a newline; so does this, from the
+    bytes as they come. A carriage return at the end of what came so far waits for the next byte,
+    which may make it ``\r\n``; an unended last line is written, with a newline, at the end.
+    """
+
+    def __init__(self, matching: MatchingLines, prefix: bytes):
+        self._file = LogFile(matching.path)
+        self._needles = matching.needles
+        self._prefix = prefix.decode(errors="replace")
+        self._pending = b""
+
+    def feed(self, data: bytes) -> None:
+        text = self._pending + data
+        end = len(text) - 1 if text.endswith(b"\r") else len(text)
+        ended = max(text.rfind(b"\n", 0, end), text.rfind(b"\r", 0, end)) + 1
+        self._copy(LINE_END.findall(text, 0, ended))
+        self._pending = text[ended:]
+
+    def close(self) -> None:
+        if self._pending:
+            self._copy([self._pending])
+            self._pending = b""
+        self._file.close()
+
+    def _copy(self, pieces: list[bytes]) -> None:
+        lines = (piece.rstrip(b"\r\n").decode(errors="replace") + "\n" for piece in pieces)
+        matching = "".join(self._prefix + line for line in lines if any(needle in line for needle in self._needles))
+        if matching:
+            self._file.write(matching.encode(errors="replace"))
+
+
 class StreamRelay:
     """Copies a worker's pipe to its log file and the console.
 
@@ -55,8 +132,8 @@ class StreamRelay:
     """
 
     def __init__(self, plan: StreamPlan, writer: ConsoleWriter | None = None):
-        self._path = plan.file
-        self._file = open(plan.file, "ab", buffering=0) if plan.file else None
+        self._file = LogFile(plan.file) if plan.file else None
+        self._matching = MatchingCopy(plan.matching, plan.prefix) if plan.matching else None
         self._console = writer or (console(plan.console_fd) if plan.console_fd is not None else None)
         self._prefix = plan.prefix
         self._partial = b""
@@ -73,7 +150,10 @@ class StreamRelay:
         return self._console
 
     def feed(self, data: bytes) -> None:
-        self._to_file(data)
+        if self._file is not None:
+            self._file.write(data)
+        if self._matching is not None:
+            self._matching.feed(data)
         if self._console is not None:
             if self._prefix:
                 self._to_console_prefixed(data)
@@ -93,24 +173,10 @@ class StreamRelay:
         if self._unshown and self._console is not None:
             self._console.write(self._prefix + self._unshown + b"\n")
         self._unshown = b""
-        if self._file is not None:
-            self._file.close()
-            self._file = None
-
-    def _to_file(self, data: bytes) -> None:
-        """A log file that refuses bytes (a full disk, a quota) costs that file, not the run: one line."""
-        if self._file is None:
-            return
-        try:
-            self._file.write(data)
-        except OSError as error:
-            say(f"cannot write {self._path}: {error.strerror or error}; it stops here, the console and the "
-                "run go on")
-            try:
-                self._file.close()
-            except OSError:
-                pass  # the same fault; the file is given up either way
-            self._file = None
+        for log in (self._file, self._matching):
+            if log is not None:
+                log.close()
+        self._file = self._matching = None
 
     def _to_console_prefixed(self, data: bytes) -> None:
         assert self._console is not None

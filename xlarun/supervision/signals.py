@@ -2,13 +2,16 @@
 
 Usage::
 
-    with SignalInbox() as inbox:
+    with SignalInbox(config.signals_to_handle.signals) as inbox:
         selector.register(inbox.fd, selectors.EVENT_READ)
         ...
         numbers = inbox.drain()
 
-:data:`STOP_SIGNALS` end a run (the workers are torn down); :data:`RELAYED_SIGNALS` are passed
-to every worker and the run goes on; :data:`SUSPEND_SIGNAL` suspends the workers with the launcher.
+The stop signals (``--signals-to-handle``, torchrun's SIGTERM, SIGINT, SIGHUP and SIGQUIT unless
+it says otherwise) end a run: the workers are torn down. :data:`RELAYED_SIGNALS` are passed to
+every worker and the run goes on, and :data:`SUSPEND_SIGNAL` suspends the workers with the
+launcher, whether the list names them or not.
+A signal the list leaves out keeps its default action.
 """
 
 from __future__ import annotations
@@ -17,7 +20,6 @@ import os
 import signal
 from collections.abc import Iterable
 
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 RELAYED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 SUSPEND_SIGNAL = signal.SIGTSTP
 """Ctrl-Z. The workers lead sessions of their own, out of the terminal's reach, so the launcher
@@ -29,11 +31,18 @@ class SignalInbox:
     """Turns the launcher's signals into bytes on a pipe that the event loop reads.
 
     The handlers do nothing themselves (no exceptions raised inside a handler): the
-    interpreter's wakeup fd carries each signal number to the loop.
+    interpreter's wakeup fd carries each signal number to the loop. ``stop_signals`` are those
+    that end the run; a relayed or the suspend signal among them keeps its own meaning.
+
+    SIGINT left out of them gets its default action back for the inbox's life: Python's own
+    handler would raise ``KeyboardInterrupt`` wherever the launcher happens to be, a traceback
+    instead of the end a signal's default action is.
     """
 
-    def __init__(self, signals: Iterable[int] = (*STOP_SIGNALS, *RELAYED_SIGNALS, SUSPEND_SIGNAL)):
-        self._signals = tuple(signals)
+    def __init__(self, stop_signals: Iterable[int]):
+        self.stop_signals = tuple(number for number in stop_signals
+                                  if number not in (*RELAYED_SIGNALS, SUSPEND_SIGNAL))
+        self._signals = (*self.stop_signals, *RELAYED_SIGNALS, SUSPEND_SIGNAL)
         self._previous: dict[int, object] = {}
         self.fd = -1
         self._write_fd = -1
@@ -44,6 +53,8 @@ class SignalInbox:
         self._previous_wakeup = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
         for number in self._signals:
             self._previous[number] = signal.signal(number, _ignore_in_handler)
+        if signal.SIGINT not in self._signals and signal.getsignal(signal.SIGINT) is signal.default_int_handler:
+            self._previous[signal.SIGINT] = signal.signal(signal.SIGINT, signal.SIG_DFL)
         return self
 
     def __exit__(self, *exc_info: object) -> None:

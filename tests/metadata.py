@@ -1,0 +1,78 @@
+"""A stand-in for a TPU VM's metadata server, on 127.0.0.1 in a thread of the test.
+
+- ``serve_metadata(attributes)``: serves ``attributes`` (name to text) at
+  ``/computeMetadata/v1/instance/attributes/<name>`` to requests that carry
+  ``Metadata-Flavor: Google`` (others get 403, as the real server answers them; an unknown name
+  404), and yields the value of ``GCE_METADATA_HOST`` that points a launcher at it. The requests
+  it answered are in its ``requests`` list.
+- ``slice_attributes(worker, ips, tpu_env)``: the three attributes of one VM of a slice.
+- ``V4_16_TPU_ENV``: the ``tpu-env`` of a v4-16 (two hosts of 2x2x1 chips), in the metadata's format.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import NamedTuple
+
+PREFIX = "/computeMetadata/v1/instance/attributes/"
+
+V4_16_TPU_ENV = """ACCELERATOR_TYPE: 'v4-16'
+CHIPS_PER_HOST_BOUNDS: '2,2,1'
+HOST_BOUNDS: '1,1,2'
+TPU_CHIPS_PER_PROCESS_BOUNDS: '2,2,1'
+TPU_PROCESS_BOUNDS: '1,1,2'
+WORKER_ID: '{worker}'
+ZONE: 'us-central2-b'
+"""
+
+
+class Served(NamedTuple):
+    host: str
+    """``GCE_METADATA_HOST``: ``127.0.0.1:<port>``."""
+    requests: list[tuple[str, str | None]]
+    """(path, Metadata-Flavor header) of every request answered."""
+
+
+def slice_attributes(worker: int, ips: list[str], tpu_env: str = V4_16_TPU_ENV) -> dict[str, str]:
+    """What VM ``worker`` of a slice whose hosts have addresses ``ips`` serves."""
+    endpoints = ",".join(f"unknown:unknown:{ip}" for ip in ips)
+    return {"agent-worker-number": str(worker), "worker-network-endpoints": endpoints,
+            "tpu-env": tpu_env.format(worker=worker)}
+
+
+@contextmanager
+def serve_metadata(attributes: Mapping[str, str]) -> Iterator[Served]:
+    requests: list[tuple[str, str | None]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            flavor = self.headers.get("Metadata-Flavor")
+            requests.append((self.path, flavor))
+            name = self.path.removeprefix(PREFIX) if self.path.startswith(PREFIX) else None
+            if flavor != "Google":
+                self.send_error(403, "Missing Metadata-Flavor:Google header")
+            elif name not in attributes:
+                self.send_error(404)
+            else:
+                body = attributes[name].encode()
+                self.send_response(200)
+                self.send_header("Metadata-Flavor", "Google")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        def log_message(self, format: str, *args: object) -> None:
+            return None
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    # A short poll: shutting the server down waits for one.
+    thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    try:
+        yield Served(f"127.0.0.1:{server.server_address[1]}", requests)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,0 +1,89 @@
+"""--cluster tpu-vm: a TPU VM's metadata server gives the node rank, node 0, the host list and the slice's
+shape, for torch_xla and TorchTPU alike; here the server is a stub on 127.0.0.1 (``tests/metadata.py``)."""
+
+from __future__ import annotations
+
+import pytest
+from helpers import TESTS, prepare, refusal
+from metadata import serve_metadata, slice_attributes
+
+from xlarun.cli.cluster import ClusterSettings, detect_cluster
+from xlarun.exceptions import UsageError
+from xlarun.ranks import NodeAssignment
+
+V4_HOST = str(TESTS / "fixtures" / "hosts" / "tpu-v4-vm")
+IPS = ["10.130.0.2", "10.130.0.3"]
+
+
+def test_the_metadata_gives_node_rank_nodes_node_0_and_the_slice() -> None:
+    with serve_metadata(slice_attributes(1, IPS)) as served:
+        settings = detect_cluster("tpu-vm", {"GCE_METADATA_HOST": served.host})
+    assert settings == ClusterSettings(
+        kind="tpu-vm", nnodes=2, node_rank=1, master_addr="10.130.0.2", master_port=None, run_id=None,
+        device_environ={"TPU_WORKER_ID": "1", "TPU_WORKER_HOSTNAMES": "10.130.0.2,10.130.0.3",
+                        "TPU_ACCELERATOR_TYPE": "v4-16", "TPU_HOST_BOUNDS": "1,1,2",
+                        "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1"})
+    # Every request carried the header the real server demands (the stub refuses others with 403).
+    assert {flavor for _, flavor in served.requests} == {"Google"}
+    assert sorted(path.rsplit("/", 1)[1] for path, _ in served.requests) == [
+        "agent-worker-number", "tpu-env", "worker-network-endpoints"]
+
+
+def test_torch_xlas_own_tpu_env_keys_stand_in_for_the_host_bounds() -> None:
+    tpu_env = "ACCELERATOR_TYPE: 'v5litepod-16'\nTPU_CHIPS_PER_PROCESS_BOUNDS: '2,2,1'\nTPU_PROCESS_BOUNDS: '2,2,1'\n"
+    with serve_metadata(slice_attributes(0, [*IPS, "10.130.0.4", "10.130.0.5"], tpu_env)) as served:
+        settings = detect_cluster("tpu-vm", {"GCE_METADATA_HOST": served.host})
+    assert settings is not None
+    assert settings.device_environ["TPU_HOST_BOUNDS"] == "2,2,1"
+    assert settings.device_environ["TPU_CHIPS_PER_HOST_BOUNDS"] == "2,2,1"
+
+
+@pytest.mark.parametrize("attributes, message", [
+    ({}, "answered 404 for agent-worker-number"),
+    ({**slice_attributes(0, IPS), "worker-network-endpoints": "10.130.0.2,10.130.0.3"},
+     "is not a list of <name>:<uid>:<ip> entries"),
+    (slice_attributes(2, IPS), "agent-worker-number=2 is not below the node count 2"),
+    ({**slice_attributes(0, IPS), "agent-worker-number": "one"}, "agent-worker-number='one' is not a whole number"),
+])
+def test_a_broken_metadata_server_is_one_line(attributes: dict[str, str], message: str) -> None:
+    with serve_metadata(attributes) as served, pytest.raises(UsageError) as refused:
+        detect_cluster("tpu-vm", {"GCE_METADATA_HOST": served.host})
+    assert str(refused.value).startswith("--cluster tpu-vm: ") and message in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_no_metadata_server_is_one_line_naming_where_it_looked() -> None:
+    with serve_metadata({}) as served:
+        gone = served.host
+    message = refusal("--cluster", "tpu-vm", "t.py", env={"GCE_METADATA_HOST": gone})
+    assert f"cannot reach the metadata server at {gone} for agent-worker-number" in message
+    assert "run on a TPU VM (or point GCE_METADATA_HOST at its metadata server)" in message
+
+
+def test_torch_xla_workers_get_the_slices_bounds_from_the_metadata() -> None:
+    with serve_metadata(slice_attributes(1, IPS)) as served:
+        prepared = prepare("--cluster", "tpu-vm", "--runtime", "pjrt", "--nproc-per-node", "4", "--dry-run", "t.py",
+                           env={"GCE_METADATA_HOST": served.host, "XLARUN_HOST_ROOT": V4_HOST})
+    config = prepared.config
+    assert (config.node_rank, config.max_nodes, config.master_addr) == (1, 2, "10.130.0.2")
+    node = NodeAssignment.single_node("job", 4, "10.130.0.2", 29500, node_rank=1, nnodes=2)
+    variables = prepared.device.variables(node, 3)
+    assert variables["TPU_PROCESS_BOUNDS"] == "2,2,2" and variables["TPU_CHIPS_PER_PROCESS_BOUNDS"] == "1,1,1"
+    # What the metadata says plans the device; the workers do not get it as variables.
+    assert "TPU_HOST_BOUNDS" not in variables and "TPU_WORKER_ID" not in variables
+
+
+def test_torchtpu_workers_get_the_slices_topology_and_the_worker_number_checked() -> None:
+    with serve_metadata(slice_attributes(1, IPS)) as served:
+        env = {"GCE_METADATA_HOST": served.host, "XLARUN_HOST_ROOT": V4_HOST}
+        prepared = prepare("--cluster", "tpu-vm", "--runtime", "torchtpu", "--nproc-per-node", "auto", "--dry-run",
+                           "t.py", env=env)
+        mismatch = refusal("--cluster", "tpu-vm", "--runtime", "torchtpu", "--nproc-per-node", "auto",
+                           "--node-rank", "0", "--dry-run", "t.py", env=env)
+    node = NodeAssignment(run_id="job", node_rank=1, nnodes=2, local_world_size=4, rank_offset=4, world_size=8,
+                          master_addr="10.130.0.2", master_port=29500, hosts=tuple(IPS), job_started_ns=7)
+    variables = prepared.device.variables(node, 0)
+    assert variables["TORCH_TPU_TOPOLOGY"] == "2,2,2"   # the slice's, not this host's 2,2,1
+    assert variables["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(",")[4] == "10.130.0.3:8070"
+    assert "this host is worker 1 of its TPU slice but node rank 0" in mismatch
+
