@@ -22,7 +22,8 @@ SMOKE_LAUNCHES = {
     "bad value": (["--nnodes", "1:2:3"], {}, "--nnodes='1:2:3'"),
     "bad PET value": ([], {"PET_NPROC_PER_NODE": "lots"}, "PET_NPROC_PER_NODE"),
     "flags that exclude each other": (["-m", "--no-python"], {}, "'--no-python' flag and the '--module' flag"),
-    "plan the device cannot run": (["--spmd", "--nproc_per_node", "2"], {}, "cannot run under SPMD"),
+    # A dry run: the plan is refused so whether torch_xla is installed or not.
+    "plan the device cannot run": (["--dry-run", "--spmd", "--nproc_per_node", "2"], {}, "cannot run under SPMD"),
 }
 
 

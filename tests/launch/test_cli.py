@@ -49,7 +49,8 @@ SPELLINGS = {
 @pytest.mark.parametrize("name", list(SPELLINGS))
 def test_both_spellings_and_prefixes_mean_the_same(name: str) -> None:
     dash, underscore, prefix, value, read = SPELLINGS[name]
-    extra = ["--nnodes", "2"] if name == "node rank" else []
+    # A static node with its master port: without one, torchrun 2.12 and newer run a lone node as --standalone.
+    extra = {"node rank": ["--nnodes", "2"], "master port": []}.get(name, ["--master-port", "29500"])
     readings = [read(plan(*extra, spelling, value, "train.py")) for spelling in (dash, underscore, prefix)]
     assert readings == [value, value, value]
 
@@ -75,7 +76,7 @@ def test_pet_booleans_are_integers() -> None:
     assert standalone["run_id"] == "<decided at rendezvous>"  # a fresh uuid at start
     assert plan("mod", env={"PET_MODULE": "1"})["workers"][0]["argv"] == [PYTHON, "-u", "-m", "mod"]
     assert plan("/bin/true", env={"PET_NO_PYTHON": "1"})["workers"][0]["argv"] == ["/bin/true"]
-    assert plan("train.py", env={"PET_STANDALONE": "0"})["master_addr"] == "127.0.0.1"
+    assert plan("train.py", env={"PET_STANDALONE": "0", "PET_MASTER_PORT": "29500"})["master_addr"] == "127.0.0.1"
 
 
 def test_arguments_after_the_script_are_untouched() -> None:

@@ -14,6 +14,8 @@ import pytest
 from helpers import REPO, TESTS, plan, run_xlarun
 
 from xlarun.cli.cluster import slurm_master_port
+from xlarun.planning.dryrun import DECIDED_AT_RENDEZVOUS
+from xlarun.planning.packages import LONE_NODE_ON_A_FREE_PORT, followed_torchrun
 
 FIXTURES = TESTS / "fixtures" / "cluster"
 SCRIPT = str(REPO / "examples" / "allreduce.py")
@@ -78,15 +80,19 @@ def test_cluster_from_the_environment_variable():
 
 
 def test_flag_wins_over_the_environment_variable():
-    document = node_plan("--cluster", "none", "--nproc_per_node", "2", fixture="slurm_step_node1",
-                         env={"XLARUN_CLUSTER": "slurm"})
+    document = node_plan("--cluster", "none", "--nproc_per_node", "2", "--master_port", "29500",
+                         fixture="slurm_step_node1", env={"XLARUN_CLUSTER": "slurm"})
     assert (document["nnodes"], document["node_rank"], document["run_id"]) == ([1, 1], 0, "none")
 
 
 def test_without_cluster_a_slurm_job_runs_as_plain_torchrun_would():
     document = node_plan("--nproc_per_node", "2", fixture="slurm_step_node1")
-    assert place(document) == {"nnodes": [1, 1], "node_rank": 0, "master_addr": "127.0.0.1", "master_port": 29500,
-                               "run_id": "none", "ranks": [0, 1]}
+    # As the installed torch's torchrun: a lone node without a master port takes 29500 before 2.12,
+    # a free port and a fresh run id from 2.12 on.
+    lone = ({"master_addr": "127.0.0.1", "master_port": 29500, "run_id": "none"}
+            if followed_torchrun() < LONE_NODE_ON_A_FREE_PORT else
+            {"master_addr": "localhost", "master_port": DECIDED_AT_RENDEZVOUS, "run_id": DECIDED_AT_RENDEZVOUS})
+    assert place(document) == {"nnodes": [1, 1], "node_rank": 0, **lone, "ranks": [0, 1]}
 
 
 @pytest.mark.parametrize("flags, env, source", [
@@ -99,7 +105,7 @@ def test_unknown_cluster_is_a_usage_error(flags, env, source):
     assert run.returncode == 2
     assert run.stdout == ""
     assert run.stderr.splitlines() == [
-        f"xlarun: error: {source}='bogus' is invalid: expected one of none, auto, slurm, k8s, gke-tpu, mpi"]
+        f"xlarun: error: {source}='bogus' is invalid: expected one of none, auto, slurm, k8s, gke-tpu, tpu-vm, mpi"]
 
 
 def test_cluster_settings_that_do_not_fit_are_a_usage_error():

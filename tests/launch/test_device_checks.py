@@ -20,6 +20,7 @@ def installed(tmp_path: Path, **versions: str) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(site), str(REPO)])}
 
 
+@pytest.mark.torch_xla  # torch_xla's preflight order (TorchTPU checks its TPU_LIBRARY_PATH first)
 @pytest.mark.parametrize("device, env, lacking", [
     ("tpu", {"TPU_LIBRARY_PATH": "/opt/libtpu.so"}, "TPU chips"),
     ("neuron", {"libneuronxla": "2.2.0"}, "Neuron devices"),

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import launcher_frames, read_pid, run_torchrun, run_xlarun, worker
 
+from xlarun.planning.packages import followed_torchrun
+
 FIELDS = ("time", "host", "rank", "exitcode", "error_file", "traceback")
 
 
@@ -42,6 +44,8 @@ def layout(block: list[str]) -> list[str]:
     return shapes
 
 
+@pytest.mark.skipif(followed_torchrun() != (2, 9), reason="xlarun keeps torchrun 2.9's report layout; later torchruns "
+                    "list the stopped peers as failures too")
 def test_report_has_torchruns_block_layout(out_dir: Path, port: int) -> None:
     script = worker("signal_recorder.py")
     blocks = {}

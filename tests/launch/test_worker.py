@@ -20,6 +20,7 @@ def test_importing_the_worker_module_leaves_torch_unimported():
     assert result.returncode == 0, result.stderr
 
 
+@pytest.mark.torch_xla
 @pytest.mark.parametrize("init", ["torch", "xlarun"])
 def test_one_process_joins_a_world_of_one_and_all_reduces(init):
     [result] = run_workers(["examples/xla_allreduce.py", "--init", init], nproc=1)
@@ -27,6 +28,7 @@ def test_one_process_joins_a_world_of_one_and_all_reduces(init):
     assert json_report(result) == {"rank": 0, "world_size": 1, "sum": 1.0}
 
 
+@pytest.mark.torch_xla
 def test_two_cpu_processes_are_refused_with_the_cause():
     results = run_workers(["examples/xla_allreduce.py"], nproc=2)
     for result in results:
@@ -47,6 +49,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.torch_xla  # the join goes through xlarun.init_process_group's torch_xla checks
 def test_the_gloo_backend_the_error_suggests_joins_two_cpu_processes():
     results = run_workers(["-c", GLOO_ALL_REDUCE], nproc=2)
     reports = sorted((json_report(result) for result in results), key=lambda report: report["rank"])

@@ -259,6 +259,7 @@ def test_users_neuron_root_address_stays_out_of_the_plan() -> None:
         assert entry["env"]["NEURON_PJRT_PROCESS_INDEX"] == str(entry["rank"])
 
 
+@pytest.mark.torch_xla  # the notices are torch_xla's variables
 @pytest.mark.parametrize("variable, value, flags, noticed", [
     ("PJRT_DEVICE", "CPU", [], False),  # xlarun's own value: nothing to say
     ("CPU_NUM_DEVICES", "2", ["--device", "cpu", "--virtual-devices", "4"], True),
@@ -293,6 +294,7 @@ BAD_XLA_INPUTS = {
 }
 
 
+@pytest.mark.torch_xla  # refusals worded for the installed torch_xla 2.9
 @pytest.mark.parametrize("case", list(BAD_XLA_INPUTS))
 def test_bad_xla_input_is_refused_with_one_line(tmp_path: Path, case: str) -> None:
     flags, expected = BAD_XLA_INPUTS[case]

@@ -27,7 +27,7 @@ BAD_INPUTS = {
     "nnodes range with static rendezvous": (["--nnodes", "1:2"], {}, "--rdzv-backend=c10d"),
     "nproc zero": (["--nproc_per_node", "0"], {}, "--nproc-per-node='0'"),
     "nproc negative": (["--nproc_per_node", "-2"], {}, "--nproc-per-node='-2'"),
-    "nproc word": (["--nproc_per_node", "many"], {}, "auto, cpu or gpu"),
+    "nproc word": (["--nproc_per_node", "many"], {}, "auto, cpu, gpu or xpu"),
     "nproc gpu without gpus": (["--nproc_per_node", "gpu"], {}, "--nproc-per-node='gpu' found no visible GPU"),
     # A dry run: the refusal holds where torch_xla is not installed too (the real run first needs torch_xla).
     "nproc with spmd": (["--dry-run", "--spmd", "--nproc_per_node", "2"], {}, "--nproc-per-node='2' cannot run under SPMD"),
@@ -64,7 +64,7 @@ BAD_INPUTS = {
                                                       {"CUDA_VISIBLE_DEVICES": "4,5"}, "CUDA_VISIBLE_DEVICES='4,5'"),
     "virtual local rank PET boolean": ([], {"PET_VIRTUAL_LOCAL_RANK": "true"},
                                        "(from PET_VIRTUAL_LOCAL_RANK) must be 0 or 1"),
-    "nproc xpu": (["--nproc_per_node", "xpu"], {}, "--nproc-per-node='xpu' is invalid (xlarun does not count XPUs"),
+    "nproc xpu without xpus": (["--nproc_per_node", "xpu"], {}, "--nproc-per-node='xpu' found no XPU on this host"),
     "completion shell": (["--print-completion", "fish"], {}, "'fish' is not one of 'bash', 'zsh', 'tcsh'"),
     "summary file is a directory": (["--summary-file", "/"], {}, "--summary-file='/'"),
     "device": (["--device", "gpu"], {}, "--device='gpu' is invalid: expected one of auto, tpu"),

@@ -43,7 +43,7 @@ XLARUN = "xlarun"
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 START_METHODS = ("spawn", "fork", "forkserver")
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
-NPROC_WORDS = ("auto", "cpu", "gpu")
+NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
 LOGS_SPECS = ("default",)
 CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "tpu-vm", "mpi")
 
@@ -68,9 +68,6 @@ def parse_nnodes(text: str) -> tuple[int, int]:
 def parse_nproc(text: str) -> NprocRequest:
     if text in NPROC_WORDS:
         return NprocRequest(word=text)
-    if text == "xpu":
-        # torchrun 2.10's word: torch.xpu.device_count(), which needs torch; xlarun reads no XPU count.
-        raise InvalidValue("xlarun does not count XPUs: give their number")
     count = _integer(text)
     if count < 1:
         raise InvalidValue("needs at least 1")
@@ -301,9 +298,9 @@ OPTIONS: tuple[Option, ...] = (
               "1:1", "expected N or MIN:MAX with 0 < MIN <= MAX", metavar="N|MIN:MAX"),
     _torchrun(("--nproc-per-node", "--nproc_per_node"),
               "Workers on this node. auto: one per TPU chip, NeuronCore or GPU of the device (on cpu: the GPUs, "
-              "else the CPUs); gpu: the GPUs; cpu: the CPUs. Always 1 under --spmd. XPUs are not counted: "
-              "give their number.", parse_nproc, "1",
-              "expected a positive integer, auto, cpu or gpu", metavar="N|auto|gpu|cpu"),
+              "else the CPUs); gpu: the GPUs; cpu: the CPUs; xpu: the XPUs torch.xpu counts. Always 1 under "
+              "--spmd.", parse_nproc, "1",
+              "expected a positive integer, auto, cpu, gpu or xpu", metavar="N|auto|gpu|cpu|xpu"),
     _torchrun(("--rdzv-backend", "--rdzv_backend"),
               "How nodes meet. static: each node gives --node-rank, node 0 serves the store at --master-addr and "
               "--master-port. c10d: node ranks are assigned at --rdzv-endpoint. etcd is refused.",

@@ -16,6 +16,8 @@ The per-runtime translations live in :mod:`xlarun.runtimes`.
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
@@ -277,6 +279,11 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
     # Never 0: a host without the device was refused (or a host with it assumed) by plan_device.
     if request.word == "auto" and device.local_units:
         return device.local_units
+    if request.word == "xpu":
+        xpus = torch_xpu_count(environ)
+        if not xpus:
+            raise PlanError("found no XPU on this host (torch.xpu sees none): give a number, cpu or auto")
+        return xpus
     cpus = os.cpu_count() or 1
     gpus = nvidia_gpu_count(host_root(environ))
     if request.word == "cpu":
@@ -284,6 +291,22 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
     if request.word == "gpu" and not gpus:
         raise PlanError("found no visible GPU on this host: give a number, cpu or auto")
     return gpus or cpus
+
+
+XPU_COUNT_PROBE = "import torch; print(torch.xpu.device_count() if torch.xpu.is_available() else 0)"
+
+
+def torch_xpu_count(environ: Mapping[str, str]) -> int:
+    """torchrun 2.10's count for ``--nproc-per-node xpu``: ``torch.xpu.device_count()``.
+
+    Asked of torch in a child process, and only for that word: the launcher itself never
+    imports torch on one node, and nothing in /sys says how many devices Level Zero makes
+    of a card (a Max 1550 is one or two). 0 where torch or an XPU is missing.
+    """
+    probe = subprocess.run([sys.executable, "-c", XPU_COUNT_PROBE], capture_output=True, text=True, timeout=300,
+                           env={**environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, stdin=subprocess.DEVNULL)
+    words = probe.stdout.split()
+    return int(words[-1]) if probe.returncode == 0 and words and words[-1].isdigit() else 0
 
 
 def check_device_plan(device: DevicePlan, probe: NodeAssignment) -> list[str]:
