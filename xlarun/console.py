@@ -89,9 +89,11 @@ class ConsoleWriter:
 
     def flush(self, patience: float = FLUSH_PATIENCE_S) -> bool:
         """Wait until everything queued is written, or the reader took nothing for ``patience`` seconds."""
+        waiting_since = time.monotonic()
         with self._ready:
             while self._queued and not self._gone:
-                if time.monotonic() - self._progress > patience:
+                # Patience counts from the last write or the start of this wait, whichever is later.
+                if time.monotonic() - max(self._progress, waiting_since) > patience:
                     return False
                 self._ready.wait(min(patience, 0.5))
             return not self._queued

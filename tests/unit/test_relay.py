@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -104,3 +105,17 @@ def test_a_log_file_that_refuses_bytes_costs_only_that_file(capfd: pytest.Captur
     flush_consoles()
     assert capfd.readouterr().err == ("xlarun: cannot write /dev/full: No space left on device; it stops here, the "
                                       "console and the run go on\n")
+
+
+def test_a_flush_long_after_the_last_write_still_waits_for_what_was_just_queued() -> None:
+    console = Console()
+    console.writer.write(b"x" * (4 * MAX_PARTIAL_LINE))  # exactly what the pipe holds
+    assert console.writer.flush()
+    console.writer._progress -= 60  # the last write was a minute ago
+    console.writer.write(b"the report\n")  # waits for the reader, who comes 0.3 s later
+    reader = threading.Timer(0.3, lambda: drained.append(drain(console.read_end)))
+    drained: list[bytes] = []
+    reader.start()
+    assert console.writer.flush(patience=2.0)
+    reader.join()
+    assert (drained[0] + drain(console.read_end)).endswith(b"the report\n")
