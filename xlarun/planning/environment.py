@@ -107,11 +107,9 @@ def worker_variables(config: LaunchConfig, node: NodeAssignment, local_rank: int
                      environ: Mapping[str, str], error_file: str) -> dict[str, str]:
     """Every variable xlarun sets or changes for one worker (the rest is inherited).
 
-    Raises :class:`PlanError` where ``--virtual-local-rank`` cannot run on the device (before the
-    first worker starts: the agent asks for every worker's variables first).
+    A ``--virtual-local-rank`` the device cannot run was refused while the launch was prepared
+    (:func:`check_virtual_local_rank`).
     """
-    if config.virtual_local_rank:
-        check_virtual_local_rank(device, node)
     variables = contract_env(node, local_rank, config=config, environ=environ, error_file=error_file)
     variables.update(device.variables(node, local_rank))
     return variables
