@@ -108,6 +108,7 @@ def launch_from_command_line(given: Mapping[str, str | None], script: str | None
     check_command(prepared.config)
     for notice in prepared.notices:
         say(notice)
+
     def variables_for(node: NodeAssignment, local_rank: int, error_file: str) -> dict[str, str]:
         return worker_variables(prepared.config, node, local_rank, prepared.device, environ, error_file)
 
