@@ -27,6 +27,10 @@ class FailureRecord:
     traceback: str = NOT_AVAILABLE
     node_rank: int = 0
     nnodes: int = 1
+    reason: str = "exited"
+    """How the worker ended: ``exited`` (its own exit code), ``signal``, or ``oom_killed`` (the
+    kernel's OOM killer's SIGKILL)."""
+    peak_rss_mib: float | None = None
 
     @property
     def exit_status(self) -> int:

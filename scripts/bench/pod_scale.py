@@ -80,7 +80,7 @@ class SimNode:
         self.rendezvous = multi_node_rendezvous(config, environ, connect)
         self.stopped_at: float | None = None
 
-    def stop(self, reason: str) -> None:
+    def stop(self, reason: str, hung: bool = False) -> None:
         if self.stopped_at is None:
             self.stopped_at = time.monotonic()
 

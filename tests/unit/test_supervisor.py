@@ -36,6 +36,7 @@ class FakeProcess:
         self.ignores = ignores
         self.finishes_on = finishes_on
         self.returncode: int | None = None
+        self.usage = None  # the kernel counts nothing for a stand-in
         self._exit_read, self._exit_write = os.pipe()
         self.stdout: IO[bytes] | None = None
         self.stderr: IO[bytes] | None = None

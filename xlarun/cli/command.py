@@ -22,6 +22,7 @@ from click.shell_completion import CompletionItem, get_completion_class
 
 from xlarun import __version__
 from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
+from xlarun.cli.stacks import print_stacks, stacks_request
 from xlarun.console import flush_consoles, say
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
@@ -200,9 +201,14 @@ Environment:
 Workers also get {LAUNCHED_MARKER}=1; {flag("dry_run")} shows every variable they get.
 
 \b
+xlarun --stacks [PID]   print every worker's Python stacks of a running launch
+                        (PID: its launcher; default: the only one on this host)
+
+\b
 Exit codes: 0 success; the root-cause worker's own code (128+N when signal N
-killed it); 2 bad usage; 1 a launcher failure. A worker may exit 1 or 2 too:
-the "result" field of {flag("summary_file")} tells them apart."""
+killed it); 124 the workers hung ({flag("hang_timeout")}); 2 bad usage; 1 a
+launcher failure. A worker may exit 1 or 2 too: the "result" field of
+{flag("summary_file")} tells them apart."""
 
 
 class CommandLine(NamedTuple):
@@ -263,6 +269,9 @@ def main(argv: Sequence[str] | None = None) -> None:
     hold_standard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
+        wanted, launcher = stacks_request(args)
+        if wanted:
+            finish(print_stacks(launcher))
         command_line = parse_command_line(args)
         code = 0 if command_line is None else launch_from_command_line(*command_line, os.environ)
     except UsageError as error:

@@ -406,6 +406,12 @@ OPTIONS: tuple[Option, ...] = (
                             "TPU, Open MPI) or a TPU VM's metadata server (tpu-vm); flags win. auto: whichever "
                             "scheduler is present.", choice(CLUSTER_KINDS),
             "none", one_of(CLUSTER_KINDS), variable="XLARUN_CLUSTER", metavar=_choices(CLUSTER_KINDS)),
+    _xlarun(("--hang-timeout", "--hang_timeout"),
+            "Seconds without progress (a line of output the launcher relays, a torch_xla step) and without CPU "
+            "use after which the workers count as hung: every rank's Python stack goes to its stacks.txt and the "
+            "report, and the run stops with exit code 124 (or restarts). A silent worker that computes is not "
+            "hung.", parse_positive_float, allowed="expected a positive number of seconds",
+            variable="XLARUN_HANG_TIMEOUT", metavar="SECONDS", shown_default="off"),
     _xlarun(("--allow-busy-device", "--allow_busy_device"),
             "Start even though other processes hold the device files (a device shared on purpose)."),
 )

@@ -8,6 +8,7 @@ pure function of the node assignment.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
@@ -16,6 +17,7 @@ from xlarun.flags import flag
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import local_rank_reader
 from xlarun.runtimes.releases import Release
+from xlarun.stackdump import STACKS_FILE, hook_variables
 
 if TYPE_CHECKING:
     # Annotations only: the worker imports this module for LAUNCHED_MARKER.
@@ -24,6 +26,9 @@ if TYPE_CHECKING:
 
 LAUNCHED_MARKER = "XLARUN_LAUNCHED"
 """Set to ``1`` in every worker xlarun starts; :func:`xlarun.is_launched` reads it."""
+
+STEP_LOG_VARIABLE = "XLA_EMIT_STEPLOG"
+TORCH_XLA_RUNTIMES = ("pjrt", "xrt")
 
 SIGNALS_VARIABLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 SIGNALS_VARIABLE_SINCE: Release = (2, 10)
@@ -112,4 +117,9 @@ def worker_variables(config: LaunchConfig, node: NodeAssignment, local_rank: int
     """
     variables = contract_env(node, local_rank, config=config, environ=environ, error_file=error_file)
     variables.update(device.variables(node, local_rank))
+    # The worker's log directory holds its error file and, when asked, its stacks.
+    variables.update(hook_variables(os.path.join(os.path.dirname(error_file), STACKS_FILE), environ))
+    if config.hang_timeout is not None and device.runtime in TORCH_XLA_RUNTIMES and STEP_LOG_VARIABLE not in environ:
+        # torch_xla's step log is progress the hang watch sees without a change to the script.
+        variables[STEP_LOG_VARIABLE] = "1"
     return variables

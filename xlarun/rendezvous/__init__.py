@@ -20,7 +20,7 @@ import dataclasses
 import os
 import socket
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -53,6 +53,23 @@ class JobEnded(Exception):
     """
 
 
+class StopRequest(Protocol):
+    def __call__(self, reason: str, hung: bool = False) -> None:
+        """Stop this node's workers; ``hung``: the job is hung, so their stacks are taken first."""
+
+
+@dataclass(frozen=True)
+class NodeStacks:
+    """Where one node's ranks stood when the job was found hung, as the nodes share it."""
+
+    node_rank: int
+    host: str
+    positions: dict[int, str]
+    """By global rank (:func:`~xlarun.supervision.stacks.where`)."""
+    stacks_files: dict[int, str]
+    """The dump file of each rank whose stacks were taken, on that node's host."""
+
+
 class Rendezvous(Protocol):
     def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
         """Meet the other nodes for the next attempt and return this node's place in the world.
@@ -65,8 +82,19 @@ class Rendezvous(Protocol):
         the others run under, not its own count), and ``restart_count`` is the job's number.
         """
 
-    def watch(self, stop: Callable[[str], None]) -> None:
-        """Call ``stop(reason)`` when another node fails or disappears during this attempt, or nodes wait to join."""
+    def watch(self, stop: StopRequest) -> None:
+        """Call ``stop(reason)`` when another node fails or disappears during this attempt, or nodes wait to
+        join, and ``stop(reason, hung=True)`` when another node found the job hung."""
+
+    def announce_hang(self, reason: str) -> None:
+        """Tell the other nodes this node found the job hung: each takes its workers' stacks, then stops."""
+
+    def publish_stacks(self, stacks: NodeStacks) -> None:
+        """Share where this node's ranks stood, for node 0's report."""
+
+    def job_stacks(self, own: NodeStacks, wait: float) -> list[NodeStacks]:
+        """Every node's :class:`NodeStacks` of this attempt, waiting up to ``wait`` seconds for those
+        not yet shared (``own`` is this node's); by node rank."""
 
     def publish_failure(self, failure: FailureRecord) -> None:
         """Tell the other nodes this node's workers failed."""
@@ -109,8 +137,17 @@ class FixedRendezvous:
         ports = free_ports(nproc_per_node, "0.0.0.0") if self._worker_ports else ()
         return dataclasses.replace(node, worker_ports=ports, job_started_ns=self._started_ns)
 
-    def watch(self, stop: Callable[[str], None]) -> None:
+    def watch(self, stop: StopRequest) -> None:
         return None
+
+    def announce_hang(self, reason: str) -> None:
+        return None
+
+    def publish_stacks(self, stacks: NodeStacks) -> None:
+        return None
+
+    def job_stacks(self, own: NodeStacks, wait: float) -> list[NodeStacks]:
+        return [own]
 
     def publish_failure(self, failure: FailureRecord) -> None:
         return None

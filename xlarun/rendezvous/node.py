@@ -29,7 +29,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 from xlarun.config import LaunchConfig
@@ -37,7 +37,7 @@ from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError
 from xlarun.failures import FailureRecord
 from xlarun.ranks import NodeAssignment
-from xlarun.rendezvous import AttemptEnd
+from xlarun.rendezvous import AttemptEnd, NodeStacks, StopRequest
 from xlarun.rendezvous.joining import (
     Member,
     Roster,
@@ -57,9 +57,11 @@ from xlarun.rendezvous.store import (
     lost_store_line,
     open_job_store,
     serve_store,
+    wait_for_key,
 )
 from xlarun.rendezvous.watching import (
     DONE,
+    HUNG,
     LEFT,
     LEFT_BEAT,
     EndWatch,
@@ -106,7 +108,7 @@ class NodeRendezvous:
         self._seat: Seat | None = None
         self._roster: Roster | None = None
         self._watch: EndWatch | None = None
-        self._stop: Callable[[str], None] | None = None
+        self._stop: StopRequest | None = None
         self._lock = threading.Lock()
         self._lost: str | None = None
         self._worker_store_server: Any = None
@@ -192,21 +194,18 @@ class NodeRendezvous:
 
     # -- during an attempt --------------------------------------------------------------------
 
-    def watch(self, stop: Callable[[str], None]) -> None:
+    def watch(self, stop: StopRequest) -> None:
         with self._lock:
             self._stop = stop
             # News that came before the workers' supervisor was listening still stops them.
-            reason = self._lost or self._stop_reason()
+            news = self._watch.news if self._watch is not None else None
+            reason = self._lost or (news.reason if news is not None and news.kind != DONE else None)
         if reason:
-            stop(reason)
-
-    def _stop_reason(self) -> str | None:
-        news = self._watch.news if self._watch is not None else None
-        return news.reason if news is not None and news.kind != DONE else None
+            stop(reason, hung=self._lost is None and news is not None and news.kind == HUNG)
 
     def _on_news(self, news: News) -> None:
         if news.kind != DONE:
-            self._request_stop(news.reason)
+            self._request_stop(news.reason, hung=news.kind == HUNG)
 
     def _on_store_lost(self, error: BaseException) -> None:
         with self._lock:
@@ -221,11 +220,55 @@ class NodeRendezvous:
         store_node = self._seat.store_node if self._seat is not None else self._seating.store_host_node
         return lost_store_line(f"{self._store_host}:{self._store_port}", store_node, error)
 
-    def _request_stop(self, reason: str) -> None:
+    def _request_stop(self, reason: str, hung: bool = False) -> None:
         with self._lock:
             stop = self._stop
         if stop is not None:
-            stop(reason)
+            stop(reason, hung=hung)
+
+    def announce_hang(self, reason: str) -> None:
+        seat = self._seat
+        assert seat is not None
+        if self._lost:
+            return
+        from torch.distributed import DistNetworkError
+
+        with contextlib.suppress(DistNetworkError):  # the store's host is gone: the watchers report that
+            announce(self._store_client(), self._keys, seat.attempt, News(HUNG, f"node {seat.node_rank}: {reason}"))
+
+    def publish_stacks(self, stacks: NodeStacks) -> None:
+        seat = self._seat
+        assert seat is not None
+        if self._lost:
+            return
+        from torch.distributed import DistNetworkError
+
+        with contextlib.suppress(DistNetworkError):
+            self._store_client().set(self._keys.attempt(seat.attempt, "stacks", stacks.node_rank),
+                                     json.dumps(dataclasses.asdict(stacks)))
+
+    def job_stacks(self, own: NodeStacks, wait: float) -> list[NodeStacks]:
+        from torch.distributed import DistNetworkError
+
+        seat = self._seat
+        assert seat is not None
+        found = {own.node_rank: own}
+        if self._lost:
+            return [own]
+        deadline = time.monotonic() + wait
+        store = self._store_client()
+        for node_rank in range(seat.nnodes):
+            key = self._keys.attempt(seat.attempt, "stacks", node_rank)
+            if node_rank in found:
+                continue
+            with contextlib.suppress(DistNetworkError):
+                if store.check([key]) or wait_for_key(store, key, deadline):
+                    fields = json.loads(store.get(key))
+                    found[node_rank] = NodeStacks(
+                        node_rank=fields["node_rank"], host=fields["host"],
+                        positions={int(rank): where for rank, where in fields["positions"].items()},
+                        stacks_files={int(rank): path for rank, path in fields["stacks_files"].items()})
+        return [found[node_rank] for node_rank in sorted(found)]
 
     def publish_failure(self, failure: FailureRecord) -> None:
         from torch.distributed import DistNetworkError

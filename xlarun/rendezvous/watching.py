@@ -25,6 +25,7 @@ from xlarun.rendezvous.joining import Roster, read_roster
 from xlarun.rendezvous.store import STATUS_INTERVAL, Client, JobKeys, wait_for_key
 
 DONE = "done"
+HUNG = "hung"
 LEFT = "left"
 # The heartbeat value an agent leaves behind when it leaves on purpose.
 LEFT_BEAT = b"left"
@@ -38,7 +39,7 @@ class News:
 
     kind: str
     """``done``, ``failure``, ``lost`` (silent), ``left``, ``stopped`` (workers stopped for
-    another reason) or ``admit`` (nodes wait to join)."""
+    another reason), ``hung`` (a node found the job hung) or ``admit`` (nodes wait to join)."""
     reason: str = ""
 
     def encode(self) -> str:

@@ -15,8 +15,10 @@ supervise the group. A failed attempt with restarts left starts the group again 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import selectors
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -27,13 +29,23 @@ from xlarun.console import console, say
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord, signal_name
 from xlarun.ranks import NodeAssignment
-from xlarun.rendezvous import JobEnded, Rendezvous
-from xlarun.supervision.group import GroupOutcome, WorkerGroup, WorkerResult
+from xlarun.rendezvous import JobEnded, NodeStacks, Rendezvous
+from xlarun.stackdump import STACKS_FILE
+from xlarun.supervision.group import GroupOutcome, Hang, WorkerGroup, WorkerResult
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.logs import make_run_log_dir, plan_attempt_logs, plan_worker_logs
 from xlarun.supervision.process import WorkerSpec
-from xlarun.supervision.report import RunSummary, failure_as_dict, failure_of, format_report
+from xlarun.supervision.relay import step_log_on
+from xlarun.supervision.report import (
+    HUNG_EXIT_CODE,
+    RunSummary,
+    failure_as_dict,
+    failure_of,
+    format_report,
+    peak_rss_note,
+)
 from xlarun.supervision.signals import SUSPEND_SIGNAL, SignalInbox, suspend_self
+from xlarun.supervision.stacks import describe_positions, rank_ranges
 
 T = TypeVar("T")
 
@@ -110,7 +122,9 @@ class Agent:
             self.summary.restarts = attempt
             records: list[FailureRecord] = []
             group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.shutdown_timeout, guard=guard,
-                                on_failure=self._publisher(node, records))
+                                on_failure=self._publisher(node, records), hang_timeout=self.config.hang_timeout,
+                                on_hang=self.rendezvous.announce_hang,
+                                on_stacks=self._stacks_publisher(node))
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
             self.summary.add_attempt(attempt, outcome.results, self.rendezvous.attempt_record())
@@ -126,11 +140,14 @@ class Agent:
                 continue  # torchrun's rule: letting waiting nodes in spends no restart
             failures = self._failures(records, node)
             if restarts >= self.config.max_restarts:
+                if outcome.hang is not None:
+                    return self._hung(node, outcome.hang)
                 if end.lost and not failures:
                     raise LaunchError(end.lost)
                 return self._fail(failures, outcome)
             restarts += 1
-            cause = describe(failures[0]) if failures else (end.lost or outcome.stop_reason or "stopped")
+            cause = (outcome.hang.reason if outcome.hang is not None else describe(failures[0]) if failures
+                     else (end.lost or outcome.stop_reason or "stopped"))
             say(f"attempt {attempt - 1} failed ({cause}); restarting the worker group "
                 f"(restart {restarts} of {self.config.max_restarts})")
 
@@ -141,6 +158,13 @@ class Agent:
             record = failure_of(result, node.node_rank, node.nnodes)
             records.append(record)
             self.rendezvous.publish_failure(record)
+
+        return publish
+
+    def _stacks_publisher(self, node: NodeAssignment) -> Callable[[Hang], None]:
+        """Shares where this node's ranks stood in a hung attempt, the moment their stacks are taken."""
+        def publish(hang: Hang) -> None:
+            self.rendezvous.publish_stacks(node_stacks(node, hang))
 
         return publish
 
@@ -156,9 +180,12 @@ class Agent:
                               f"{error.strerror or error}") from None
         for local_rank, logs in enumerate(logs_by_rank):
             rank = node.global_rank(local_rank)
-            variables = self.variables_for(node, local_rank, logs.error_file)
+            env = {**self.environ, **self.variables_for(node, local_rank, logs.error_file)}
+            if step_log_on(env):
+                # torch_xla's step lines are counted, and kept out of the console and the logs.
+                logs = dataclasses.replace(logs, stderr=dataclasses.replace(logs.stderr, relay=True, step_log=True))
             specs.append(WorkerSpec(local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank),
-                                    env={**self.environ, **variables}, logs=logs))
+                                    env=env, logs=logs))
         return specs
 
     def _failures(self, local: list[FailureRecord], node: NodeAssignment) -> list[FailureRecord]:
@@ -179,7 +206,34 @@ class Agent:
         root = failures[0]
         self.summary.root_cause = failure_as_dict(root)
         console(2).write((format_report(self.config.command.script, failures) + "\n").encode(errors="replace"))
+        if root.reason == "oom_killed":
+            where = f" on node {root.node_rank}" if root.nnodes > 1 else ""
+            say(f"rank {root.rank}{where} was killed by the kernel's OOM killer{peak_rss_note(root.peak_rss_mib)}")
         return root.exit_status
+
+    def _hung(self, node: NodeAssignment, hang: Hang) -> int:
+        """The report of a hung attempt: where every rank stood (the job's, on node 0), and their stacks."""
+        assert self.summary is not None
+        own = node_stacks(node, hang)
+        nodes = self.rendezvous.job_stacks(own, STACKS_WAIT) if node.node_rank == 0 else [own]
+        positions = {rank: where for stacks in nodes for rank, where in stacks.positions.items()}
+        say(f"the workers are hung: {hang.reason}")
+        if positions:
+            say(f"where the ranks stand: {describe_positions(positions)}")
+        for stacks in nodes:
+            if stacks.stacks_files:
+                on = f" on node {stacks.node_rank} ({stacks.host})" if node.nnodes > 1 else ""
+                attempt_dir = os.path.dirname(os.path.dirname(next(iter(stacks.stacks_files.values()))))
+                say(f"every thread's stack{on}: {os.path.join(attempt_dir, '<local_rank>', STACKS_FILE)}")
+        missing = sorted(set(range(node.world_size)) - set(positions)) if node.node_rank == 0 else []
+        if missing and node.nnodes > 1:
+            say(f"no stacks came from rank{'s' if len(missing) > 1 else ''} {rank_ranges(missing)}")
+        self.summary.result = "hung"
+        self.summary.root_cause = {"reason": "hung", "message": hang.reason, "exit_status": HUNG_EXIT_CODE,
+                                   "positions": {str(rank): where for rank, where in sorted(positions.items())},
+                                   "stacks_files": {str(rank): path for stacks in nodes
+                                                    for rank, path in sorted(stacks.stacks_files.items())}}
+        return HUNG_EXIT_CODE
 
     def _stopped_by_signal(self, number: int, when: str = "") -> int:
         if self.summary is None:
@@ -188,6 +242,15 @@ class Agent:
         self.summary.launcher_signal = signal_name(number)
         say(f"received {signal_name(number)} {when or 'and stopped the workers'}")
         return 128 + number
+
+
+STACKS_WAIT = 10.0
+"""How long node 0 waits for the other nodes' stacks of a hung attempt: each takes them the moment it hears."""
+
+
+def node_stacks(node: NodeAssignment, hang: Hang) -> NodeStacks:
+    return NodeStacks(node_rank=node.node_rank, host=socket.gethostname(), positions=hang.positions,
+                      stacks_files=hang.stacks_files)
 
 
 @dataclass(frozen=True)

@@ -39,13 +39,18 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
-from xlarun.console import ConsoleWriter
+from xlarun.console import ConsoleWriter, say
+from xlarun.host.oom import oom_kills
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.process import PosixProcess, ProcessFactory, StreamTarget, WorkerProcess, WorkerSpec
 from xlarun.supervision.relay import StreamPlan, StreamRelay, read_tail
 from xlarun.supervision.signals import RELAYED_SIGNALS, SUSPEND_SIGNAL, SignalInbox, suspend_self
+
+if TYPE_CHECKING:
+    # Loaded when a run watches for hangs (hangs) or takes stacks (stacks), not by every launch.
+    from xlarun.supervision.hangs import HangWatch
 
 READ_CHUNK = 64 * 1024
 
@@ -60,10 +65,31 @@ class WorkerResult:
     ended_at: float | None = None
     error_file: str = ""
     stderr_tail: list[str] = field(default_factory=list)
+    peak_rss_mib: float | None = None
+    cpu_s: float | None = None
+    steps: int | None = None
+    """torch_xla's steps, counted in its step log (None: the step log was off)."""
+    position: str | None = None
+    """Where the worker stood when its node was found hung (:func:`~xlarun.supervision.stacks.where`)."""
+    oom_killed: bool = False
+    """It died of SIGKILL while the kernel's count of OOM kills rose (:mod:`xlarun.host.oom`)."""
 
     @property
     def signal_number(self) -> int | None:
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A hung attempt as one node saw it: the stacks it took, and where each rank stood."""
+
+    reason: str
+    positions: dict[int, str]
+    """Every rank of this node that was still running, by global rank."""
+    stacks_files: dict[int, str]
+    """The dump file of each rank whose stacks were taken."""
+    found_here: bool
+    """This node found the hang; otherwise another node said so."""
 
 
 @dataclass
@@ -74,6 +100,7 @@ class GroupOutcome:
     stop_reason: str | None = None
     start_failed: bool = False
     """The launcher could not start a worker (``stop_reason`` says why): its fault, not the workers'."""
+    hang: Hang | None = None
 
     @property
     def succeeded(self) -> bool:
@@ -114,8 +141,17 @@ class WorkerGroup:
     def __init__(self, specs: list[WorkerSpec], kill_timeout: float = 30.0,
                  guard: OrphanGuard | None = None,
                  on_failure: Callable[[WorkerResult], None] | None = None,
-                 start_process: ProcessFactory = PosixProcess):
+                 start_process: ProcessFactory = PosixProcess, hang_timeout: float | None = None,
+                 on_hang: Callable[[str], None] | None = None,
+                 on_stacks: Callable[[Hang], None] | None = None):
         self._specs = specs
+        self._hang_timeout = hang_timeout
+        self._hang_watch: HangWatch | None = None
+        self._on_hang = on_hang
+        self._on_stacks = on_stacks
+        self._hang: Hang | None = None
+        self._busy_said = False
+        self._oom_kills = 0
         self._kill_timeout = kill_timeout
         self._guard = guard
         self._on_failure = on_failure
@@ -136,12 +172,13 @@ class WorkerGroup:
         # numbers may by then belong to another file, so closing and writing exclude each other.
         self._stop_lock = threading.Lock()
 
-    def request_stop(self, reason: str) -> None:
+    def request_stop(self, reason: str, hung: bool = False) -> None:
         """Ask the loop to tear the group down (safe from any thread, e.g. a rendezvous watcher;
-        a no-op once the group is gone)."""
+        a no-op once the group is gone); ``hung``: another node found the job hung, so the
+        workers' stacks are taken first."""
         with self._stop_lock:
             if self._stop_write >= 0:
-                os.write(self._stop_write, reason.encode()[:512] + b"\n")
+                os.write(self._stop_write, (b"H" if hung else b"S") + reason.encode()[:512] + b"\n")
 
     def run(self, inbox: SignalInbox) -> GroupOutcome:
         self._selector.register(inbox.fd, selectors.EVENT_READ, lambda: self._on_signals(inbox.drain()))
@@ -149,10 +186,15 @@ class WorkerGroup:
         try:
             if self._guard is not None:
                 self._guard.wait_ready()
+            self._oom_kills = oom_kills()
             for spec in self._specs:
                 self._start(spec)
                 if self._stop_signal is not None:
                     break
+            if self._hang_timeout is not None:
+                from xlarun.supervision.hangs import HangWatch
+
+                self._hang_watch = HangWatch(self._hang_timeout, self._cpu_by_rank)
             self._loop()
             self._release_from_guard()
         except BaseException:
@@ -161,9 +203,14 @@ class WorkerGroup:
             raise
         finally:
             self._close()
+        for worker in self._workers:
+            relay = worker.stderr_relay
+            if relay is not None and relay.step_log is not None:
+                worker.result.steps = relay.step_log.steps
+            remove_if_empty(worker.spec.logs.stacks_file)
         ordered = sorted((worker.result for worker in self._workers), key=lambda result: result.local_rank)
         return GroupOutcome(results=ordered, failures=self._failures, launcher_signal=self._launcher_signal,
-                            stop_reason=self._stop_reason, start_failed=self._start_failed)
+                            stop_reason=self._stop_reason, start_failed=self._start_failed, hang=self._hang)
 
     def _start(self, spec: WorkerSpec) -> None:
         try:
@@ -228,6 +275,8 @@ class WorkerGroup:
             except BlockingIOError:
                 return False
             if data:
+                if self._hang_watch is not None:
+                    self._hang_watch.saw_progress()
                 relay.feed(data)
                 if relay.paused and pipe not in self._paused:
                     self._pause(pipe, read, relay)
@@ -262,15 +311,68 @@ class WorkerGroup:
 
     def _loop(self) -> None:
         while any(worker.still_waited_on for worker in self._workers):
-            timeout = None if self._deadline is None else max(0.0, self._deadline - time.monotonic())
-            events = self._selector.select(timeout)
+            events = self._selector.select(self._wait_time())
             for key, _ in events:
                 key.data()
+            watch = self._hang_watch if self._stop_signal is None else None
+            if watch is not None and watch.seconds_left() == 0:
+                self._check_hang(watch)
             if self._deadline is not None and time.monotonic() >= self._deadline:
                 self._deadline = None
                 for worker in self._workers:
                     worker.process.signal_group(signal.SIGKILL)
         self._drain_output()
+
+    def _wait_time(self) -> float | None:
+        """How long the loop may wait for an event: until the kill deadline or the next hang check."""
+        waits = [] if self._deadline is None else [max(0.0, self._deadline - time.monotonic())]
+        if self._hang_watch is not None and self._stop_signal is None:
+            waits.append(self._hang_watch.seconds_left())
+        return min(waits) if waits else None
+
+    def _cpu_by_rank(self) -> dict[int, float]:
+        from xlarun.supervision.hangs import group_cpu_seconds
+
+        live = [worker for worker in self._workers if worker.result.returncode is None]
+        seconds = group_cpu_seconds(worker.pgid for worker in live)
+        return {worker.spec.local_rank: seconds[worker.pgid] for worker in live}
+
+    def _check_hang(self, watch: HangWatch) -> None:
+        from xlarun.supervision.hangs import Verdict
+        from xlarun.supervision.stacks import rank_ranges
+
+        verdict = watch.check()
+        if verdict is Verdict.BUSY and not self._busy_said:
+            self._busy_said = True
+            ranks = watch.busy_ranks
+            say(f"local rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} made no progress for "
+                f"{watch.timeout:g} s but {'use' if len(ranks) > 1 else 'uses'} the CPU (an XLA compile?): "
+                "not hung; the run goes on")
+        elif verdict is Verdict.HUNG:
+            self._stacks_then_stop(f"no output and no CPU use for {watch.quiet_for:.0f} s", found_here=True)
+
+    def _stacks_then_stop(self, reason: str, found_here: bool) -> None:
+        """The attempt is hung: tell the other nodes (when found here), take every running worker's
+        stacks, then tear the group down as for a failure."""
+        from xlarun.supervision.stacks import UNKNOWN, StackTarget, dump_stacks, where
+
+        if self._stop_signal is not None:
+            return
+        if found_here and self._on_hang is not None:
+            self._on_hang(reason)  # first, so that the other nodes take their stacks while every rank still waits
+        live = [worker for worker in self._workers if worker.result.returncode is None]
+        dumps = dump_stacks(StackTarget(worker.result.rank, worker.pgid, worker.spec.logs.stacks_file)
+                            for worker in live)
+        for worker in live:
+            dump = dumps.get(worker.result.rank)
+            worker.result.position = where(dump) if dump is not None else UNKNOWN
+        self._hang = Hang(reason, {worker.result.rank: worker.result.position or UNKNOWN for worker in live},
+                          {rank: worker.spec.logs.stacks_file for worker in live
+                           if (rank := worker.result.rank) in dumps}, found_here)
+        self._stop_reason = reason
+        if self._on_stacks is not None:
+            self._on_stacks(self._hang)  # before the teardown, which can take the grace period
+        self._begin_stop(signal.SIGTERM)
 
     def _on_worker_exit(self, worker: Worker) -> None:
         assert worker.pidfd is not None
@@ -279,8 +381,12 @@ class WorkerGroup:
         result = worker.result
         result.returncode = worker.process.reap()
         result.ended_at = time.time()
+        record_usage(worker)
         failed = result.returncode != 0 and self._stop_signal is None
         if failed:
+            if result.returncode == -signal.SIGKILL and oom_kills() > self._oom_kills:
+                self._oom_kills += 1  # one kill accounts for one worker
+                result.oom_killed = True
             self._drain_pipes(worker.pipes)
             result.stderr_tail = self._stderr_tail(worker)
             self._failures.append(result)
@@ -316,6 +422,7 @@ class WorkerGroup:
             worker.pidfd = None
             worker.result.returncode = worker.process.reap()
             worker.result.ended_at = time.time()
+            record_usage(worker)
 
     def _live_workers(self) -> bool:
         return any(worker.result.returncode is None for worker in self._workers)
@@ -372,8 +479,12 @@ class WorkerGroup:
             data = os.read(self._stop_read, 4096)
         except BlockingIOError:
             return
+        requests = data.decode(errors="replace").splitlines()
+        hung = next((line[1:] for line in requests if line.startswith("H")), None)
+        if hung is not None:
+            self._stacks_then_stop(hung, found_here=False)
         if self._stop_reason is None:
-            self._stop_reason = data.decode(errors="replace").splitlines()[0] if data.strip() else "stop requested"
+            self._stop_reason = (requests[0][1:] if requests and requests[0][1:].strip() else "stop requested")
         if self._stop_signal is None:
             self._begin_stop(signal.SIGTERM)
 
@@ -421,6 +532,21 @@ class WorkerGroup:
         if worker.stderr_relay is not None:
             return [line.decode(errors="replace") for line in worker.stderr_relay.tail]
         return read_tail(worker.spec.logs.stderr.file)
+
+
+def record_usage(worker: Worker) -> None:
+    usage = worker.process.usage
+    if usage is not None:
+        worker.result.peak_rss_mib, worker.result.cpu_s = usage.peak_rss_mib, usage.cpu_s
+
+
+def remove_if_empty(path: str) -> None:
+    """A worker's dump file that no dump went to: its Python opened it at start, in case."""
+    try:
+        if path and os.stat(path).st_size == 0:
+            os.unlink(path)
+    except OSError:
+        pass
 
 
 def start_failure(spec: WorkerSpec, error: OSError) -> str:

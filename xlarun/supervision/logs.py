@@ -3,6 +3,7 @@
 Layout (as torchrun)::
 
     <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/{stdout.log, stderr.log, error.json}
+    <log_dir>/<run_id>_<random>/attempt_<n>/<local_rank>/stacks.txt   (xlarun's: stacks asked for)
     <log_dir>/<run_id>_<random>/attempt_<n>/{filtered_stdout.log, filtered_stderr.log}
 
 A stream is *redirected* to its file, *tee'd* to the file and to the launcher's console
@@ -23,6 +24,7 @@ from string import Template
 from xlarun.config import STDERR, STDOUT, LaunchConfig
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
+from xlarun.stackdump import STACKS_FILE
 from xlarun.supervision.relay import MatchingLines, StreamPlan, WorkerLogPlan
 
 FILTERED_LOGS = {STDOUT: "filtered_stdout.log", STDERR: "filtered_stderr.log"}
@@ -93,7 +95,8 @@ def plan_worker_logs(config: LaunchConfig, run_dir: str, attempt: int, local_ran
             return StreamPlan(file=file, console_fd=console_fd if shown else None, prefix=prefix, relay=True,
                               matching=matching.get(bit) if shown else None)
         if file is not None:
-            return StreamPlan(file=file)
+            # Hang detection counts output as progress: it must pass through the launcher on its way.
+            return StreamPlan(file=file, relay=config.hang_timeout is not None)
         if bit == STDERR:
             return StreamPlan(console_fd=console_fd if shown else None, relay=True)
         return StreamPlan(console_fd=console_fd if shown else None)
@@ -103,4 +106,5 @@ def plan_worker_logs(config: LaunchConfig, run_dir: str, attempt: int, local_ran
         error_file=os.path.join(directory, "error.json"),
         stdout=stream(STDOUT, "stdout", 1),
         stderr=stream(STDERR, "stderr", 2),
+        stacks_file=os.path.join(directory, STACKS_FILE),
     )

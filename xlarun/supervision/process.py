@@ -27,6 +27,16 @@ class WorkerSpec:
     cwd: str | None = None
 
 
+@dataclass(frozen=True)
+class Usage:
+    """What the kernel counted for a reaped worker (``wait4``'s rusage, its reaped children included)."""
+
+    peak_rss_mib: float
+    """The largest resident set of the worker or of any child it reaped (``ru_maxrss``)."""
+    cpu_s: float
+    """User and system CPU time."""
+
+
 def group_members(pgid: int) -> list[int]:
     """Live processes of a process group (found in /proc), zombies excluded."""
     members = []
@@ -65,6 +75,8 @@ class WorkerProcess(Protocol):
     pid: int
     stdout: IO[bytes] | None
     stderr: IO[bytes] | None
+    usage: Usage | None
+    """Set by :meth:`reap` where the kernel says."""
 
     def open_pidfd(self) -> int:
         """A descriptor that becomes readable once the process has exited; the caller closes it."""
@@ -94,12 +106,16 @@ class PosixProcess:
         self.pid: int = popen.pid
         self.stdout: IO[bytes] | None = popen.stdout
         self.stderr: IO[bytes] | None = popen.stderr
+        self.usage: Usage | None = None
 
     def open_pidfd(self) -> int:
         return os.pidfd_open(self.pid)
 
     def reap(self) -> int:
-        _, status = os.waitpid(self.pid, 0)
+        _, status, rusage = os.wait4(self.pid, 0)
+        # Linux counts ru_maxrss in KiB.
+        self.usage = Usage(peak_rss_mib=round(rusage.ru_maxrss / 1024, 1),
+                           cpu_s=round(rusage.ru_utime + rusage.ru_stime, 3))
         return os.waitstatus_to_exitcode(status)
 
     def signal_group(self, number: int) -> bool:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import re
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import BinaryIO
 
@@ -44,6 +45,8 @@ class StreamPlan:
     prefix: bytes = b""
     relay: bool = False
     matching: MatchingLines | None = None
+    step_log: bool = False
+    """The stream carries torch_xla's step log (:class:`StepLog`): its lines are counted and dropped."""
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,8 @@ class WorkerLogPlan:
     error_file: str
     stdout: StreamPlan
     stderr: StreamPlan
+    stacks_file: str = ""
+    """Where the worker's Python writes its stacks when asked (:mod:`xlarun.stackdump`)."""
 
 
 LINE_END = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
@@ -121,6 +126,58 @@ class MatchingCopy:
             self._file.write(matching.encode(errors="replace"))
 
 
+STEP_LINES = (b"torch_xla.torch_xla::sync\n", b"torch_xla.core.xla_model::mark_step\n")
+"""The line torch_xla prints on stderr at each step under ``XLA_EMIT_STEPLOG=1``: ``torch_xla.sync``'s
+(2.5 and later; ``xla_model.mark_step`` calls it), and ``xla_model.mark_step``'s before."""
+
+
+def step_log_on(environ: Mapping[str, str]) -> bool:
+    """Whether torch_xla prints its step log in a process with this environment (it reads the
+    variable as ``bool(int(value))``)."""
+    try:
+        return bool(int(environ.get("XLA_EMIT_STEPLOG", "0")))
+    except ValueError:
+        return False
+
+
+class StepLog:
+    """Takes torch_xla's step-log lines out of a stream and counts them.
+
+    Each line is printed whole, in one write, at the start of a line; the rest of the stream passes
+    unchanged. An unended tail that could still become a step line waits for the next bytes.
+    """
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self._held = b""
+        self._at_line_start = True
+
+    def strip(self, data: bytes) -> bytes:
+        text, self._held = self._held + data, b""
+        pieces = text.split(b"\n")
+        tail = pieces.pop()
+        kept: list[bytes] = []
+        for index, piece in enumerate(pieces):
+            line = piece + b"\n"
+            if (index > 0 or self._at_line_start) and line in STEP_LINES:
+                self.steps += 1
+            else:
+                kept.append(line)
+        if pieces:
+            self._at_line_start = True
+        if tail and self._at_line_start and any(step.startswith(tail) for step in STEP_LINES):
+            self._held = tail
+        elif tail:
+            kept.append(tail)
+            self._at_line_start = False
+        return b"".join(kept)
+
+    def close(self) -> bytes:
+        """What is still held back: it never became a step line."""
+        held, self._held = self._held, b""
+        return held
+
+
 class StreamRelay:
     """Copies a worker's pipe to its log file and the console.
 
@@ -139,6 +196,7 @@ class StreamRelay:
         self._partial = b""
         self._unshown = b""
         self.tail: deque[bytes] = deque(maxlen=TAIL_LINES)
+        self.step_log = StepLog() if plan.step_log else None
 
     @property
     def paused(self) -> bool:
@@ -150,6 +208,10 @@ class StreamRelay:
         return self._console
 
     def feed(self, data: bytes) -> None:
+        if self.step_log is not None:
+            data = self.step_log.strip(data)
+            if not data:
+                return
         if self._file is not None:
             self._file.write(data)
         if self._matching is not None:
@@ -167,6 +229,11 @@ class StreamRelay:
         self.tail.extend(lines[-TAIL_LINES:])
 
     def close(self) -> None:
+        if self.step_log is not None and (held := self.step_log.close()):
+            # Bytes held back as a possible step line, which never came: the stream's own.
+            steps, self.step_log = self.step_log, None
+            self.feed(held)
+            self.step_log = steps
         if self._partial:
             self.tail.append(self._partial)
             self._partial = b""

@@ -27,6 +27,8 @@ from xlarun.errorfile import read_error_file
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
 from xlarun.supervision.group import WorkerResult
 
+HUNG_EXIT_CODE = 124
+"""The launcher's exit code when the workers were found hung (``--hang-timeout``), as timeout(1)'s."""
 MAX_WIDTH = 60
 MAX_QUOTED_BYTES = 64 * 1024
 """The most of a worker's text (traceback, message, stderr tail) a record keeps: its end, where the
@@ -42,16 +44,24 @@ def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> Fai
     it, else the last lines it wrote to stderr: whatever best says why it failed."""
     recorded = read_error_file(result.error_file)
     returncode = result.returncode if result.returncode is not None else 1
+    reason = "oom_killed" if result.oom_killed else "signal" if returncode < 0 else "exited"
     if recorded is not None:
         text = recorded.traceback
     elif returncode < 0:
         text = f"Signal {-returncode} ({signal_name(-returncode)}) received by PID {result.pid}"
+        if result.oom_killed:
+            text += f": the kernel's OOM killer{peak_rss_note(result.peak_rss_mib)}"
     else:
         text = "\n".join(result.stderr_tail) or NOT_AVAILABLE
     return FailureRecord(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
                          time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
                          host=socket.getfqdn(), error_file=result.error_file if recorded else NOT_AVAILABLE,
-                         traceback=keep_end(text.rstrip("\n")), node_rank=node_rank, nnodes=nnodes)
+                         traceback=keep_end(text.rstrip("\n")), node_rank=node_rank, nnodes=nnodes, reason=reason,
+                         peak_rss_mib=result.peak_rss_mib)
+
+
+def peak_rss_note(peak_rss_mib: float | None) -> str:
+    return "" if peak_rss_mib is None else f" (peak RSS {peak_rss_mib:.0f} MiB)"
 
 
 def keep_end(text: str, limit: int = MAX_QUOTED_BYTES) -> str:
@@ -113,7 +123,10 @@ class RunSummary:
             {"rank": r.rank, "local_rank": r.local_rank, "pid": r.pid,
              "exitcode": r.returncode if r.returncode is None or r.returncode >= 0 else None,
              "signal": signal_name(r.signal_number) if r.signal_number else None,
-             "start_time": r.started_at, "end_time": r.ended_at}
+             "start_time": r.started_at, "end_time": r.ended_at,
+             "peak_rss_mib": r.peak_rss_mib, "cpu_s": r.cpu_s, "steps": r.steps,
+             **({"oom_killed": True} if r.oom_killed else {}),
+             **({"stack": r.position} if r.position is not None else {})}
             for r in results], **(nodes or {})})
 
     def write(self, path: str) -> None:
@@ -145,6 +158,7 @@ class RunSummary:
 
 
 def failure_as_dict(failure: FailureRecord) -> dict[str, Any]:
+    """The summary's ``root_cause``: the record, its exit status and, for a signal, the signal's name."""
     data = asdict(failure)
     data["exit_status"] = failure.exit_status
     if failure.returncode < 0:

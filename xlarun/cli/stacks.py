@@ -1,0 +1,57 @@
+"""``xlarun --stacks [PID]``: every worker's Python stacks of a running launch, printed; the run goes on.
+
+PID is the launcher's; without it, the only launch on this host that this user can see. Each
+worker's Python writes its stacks (every thread's) to its ``stacks.txt`` when signalled
+(:mod:`xlarun.stackdump`), so this needs neither ptrace rights nor a change to the script.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+from xlarun.exceptions import LaunchError, UsageError
+from xlarun.supervision.stacks import (
+    UNKNOWN,
+    StackTarget,
+    describe_positions,
+    dump_stacks,
+    launch_workers,
+    where,
+)
+
+STACKS_NAME = "--stacks"
+
+
+def stacks_request(args: Sequence[str]) -> tuple[bool, int | None]:
+    """Whether the command line asks for stacks (``--stacks``, ``--stacks PID``, ``--stacks=PID``), and the PID."""
+    if not args or args[0].partition("=")[0] != STACKS_NAME:
+        return False, None
+    name, equals, value = args[0].partition("=")
+    rest = [value] if equals else list(args[1:])
+    if len(rest) > 1:
+        raise UsageError(f"{STACKS_NAME} takes at most one argument, the launcher's PID: got {' '.join(rest)}")
+    if not rest:
+        return True, None
+    if not rest[0].isdigit():
+        raise UsageError(f"{STACKS_NAME} {rest[0]}: expected the launcher's process id")
+    return True, int(rest[0])
+
+
+def print_stacks(launcher: int | None) -> int:
+    """Print every worker's stacks on stdout, then one line of where the ranks stand; returns the exit code."""
+    try:
+        parent, workers = launch_workers(launcher)
+    except LookupError as error:
+        raise LaunchError(str(error)) from None
+    dumps = dump_stacks(StackTarget(worker.rank, worker.pid, worker.stacks_file) for worker in workers)
+    out = sys.stdout
+    out.write(f"xlarun launch {parent}: {len(workers)} worker{'s' if len(workers) != 1 else ''}\n")
+    positions = {}
+    for worker in workers:
+        dump = dumps.get(worker.rank)
+        positions[worker.rank] = where(dump) if dump is not None else UNKNOWN
+        out.write(f"\nrank {worker.rank} (local rank {worker.local_rank}, pid {worker.pid}):\n")
+        out.write((dump.rstrip("\n") if dump else f"  {UNKNOWN}") + "\n")
+    out.write(f"\n{describe_positions(positions)}\n")
+    return 0

@@ -1,0 +1,227 @@
+"""Every worker's Python stacks, on demand: asked for, read back and summed up in one line.
+
+Usage::
+
+    dumps = dump_stacks([StackTarget(rank=0, pid=pid, path=".../attempt_0/0/stacks.txt")])
+    positions = {rank: where(text) for rank, text in dumps.items()}
+    say(describe_positions(positions))   # rank 2: load_batch (train.py:11) · ranks 0-1,3: all_reduce (train.py:20)
+
+A worker's Python armed :mod:`faulthandler` at start (:mod:`xlarun.stackdump`); a dump is one
+signal to it and a read of what it appended to its file. No ptrace is involved, so this works
+where py-spy is refused (Docker without SYS_PTRACE, Kubernetes' restricted pods, Yama's
+``ptrace_scope=1``). :func:`launch_workers` finds the workers of a running launch for
+``xlarun --stacks``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from xlarun.host.procfs import stat_fields
+from xlarun.stackdump import STACKS_SIGNAL, STACKS_VARIABLE
+
+DUMP_WAIT = 3.0
+"""How long a dump may take to appear: the handler writes it at once, unless the process is stopped."""
+_SETTLE = 0.05
+"""A dump is whole once its file stopped growing for this long (the handler writes it in many small writes)."""
+MAX_DUMP_BYTES = 256 * 1024
+"""The most of one dump read back: faulthandler prints at most 100 frames per thread and 100 threads."""
+UNKNOWN = "no stack (its Python did not arm the dump)"
+
+_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?+) in (?P<function>.*)$')
+_LIBRARY = re.compile(r"/lib/python\d+(\.\d+)?t?/|/site-packages/|/dist-packages/|^<")
+"""Where a frame is not the user's own: the standard library, installed packages, frozen modules."""
+
+
+@dataclass(frozen=True)
+class StackTarget:
+    rank: int
+    pid: int
+    path: str
+    """The worker's dump file."""
+
+
+def is_armed(pid: int) -> bool:
+    """Whether the process catches :data:`~xlarun.stackdump.STACKS_SIGNAL` (its ``SigCgt`` mask says so)."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (int(STACKS_SIGNAL) - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT) -> dict[int, str]:
+    """Ask every armed target for its stacks at once and read each dump back, by rank.
+
+    A target that is not armed, has gone, or wrote nothing within ``wait`` seconds is left out.
+    """
+    started: dict[int, tuple[StackTarget, int]] = {}
+    for target in targets:
+        if not is_armed(target.pid):
+            continue
+        size = _size(target.path)
+        try:
+            os.kill(target.pid, STACKS_SIGNAL)
+        except OSError:
+            continue
+        started[target.rank] = (target, size)
+    dumps: dict[int, str] = {}
+    deadline = time.monotonic() + wait
+    sizes = {rank: size for rank, (_, size) in started.items()}
+    stable_since = dict.fromkeys(started, time.monotonic())
+    while started and time.monotonic() < deadline:
+        time.sleep(0.01)
+        for rank, (target, before) in list(started.items()):
+            size = _size(target.path)
+            now = time.monotonic()
+            if size != sizes[rank]:
+                sizes[rank], stable_since[rank] = size, now
+            elif size > before and now - stable_since[rank] >= _SETTLE:
+                dumps[rank] = _read_from(target.path, before)
+                del started[rank]
+    return dict(sorted(dumps.items()))
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
+
+
+def _read_from(path: str, offset: int) -> str:
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
+            handle.seek(offset)
+            return handle.read(MAX_DUMP_BYTES).decode(errors="replace")
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class Frame:
+    file: str
+    line: str
+    function: str
+
+    @property
+    def is_users(self) -> bool:
+        return not _LIBRARY.search(self.file)
+
+
+def main_thread(dump: str) -> list[Frame]:
+    """The main thread's frames in one faulthandler dump, innermost first.
+
+    faulthandler lists the threads newest first, so the main thread, the oldest, comes last.
+    """
+    threads: list[list[Frame]] = []
+    for line in dump.splitlines():
+        if line.startswith(("Thread ", "Current thread ")):
+            threads.append([])
+        elif (found := _FRAME.match(line)) and threads:
+            threads[-1].append(Frame(found["file"], found["line"], found["function"]))
+    return threads[-1] if threads else []
+
+
+def where(dump: str) -> str:
+    """Where a worker stands, from its dump: the function its main thread is in, at the innermost line
+    of the user's own code, e.g. ``all_reduce (train.py:20)``."""
+    frames = main_thread(dump)
+    if not frames:
+        return UNKNOWN
+    own = next((frame for frame in frames if frame.is_users), None)
+    function = frames[0].function
+    if own is None:
+        return f"{function} ({os.path.basename(frames[0].file)}:{frames[0].line})"
+    return f"{function} ({os.path.basename(own.file)}:{own.line})"
+
+
+def rank_ranges(ranks: Iterable[int]) -> str:
+    """``[0, 1, 3]`` as ``0-1,3``."""
+    ordered = sorted(set(ranks))
+    runs: list[list[int]] = []
+    for rank in ordered:
+        if runs and rank == runs[-1][-1] + 1:
+            runs[-1].append(rank)
+        else:
+            runs.append([rank])
+    return ",".join(str(run[0]) if len(run) == 1 else f"{run[0]}-{run[-1]}" for run in runs)
+
+
+def describe_positions(positions: Mapping[int, str]) -> str:
+    """The ranks grouped by where they stand, the smallest groups (the odd ones out) first:
+    ``rank 2: load_batch (train.py:11) · ranks 0-1,3: all_reduce (train.py:20)``."""
+    groups: dict[str, list[int]] = {}
+    for rank, position in sorted(positions.items()):
+        groups.setdefault(position, []).append(rank)
+    ordered = sorted(groups.items(), key=lambda item: (len(item[1]), item[1][0]))
+    return " · ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)}: {position}"
+                      for position, ranks in ordered)
+
+
+@dataclass(frozen=True)
+class LiveWorker:
+    pid: int
+    rank: int
+    local_rank: int
+    stacks_file: str
+
+
+def launch_workers(launcher: int | None) -> tuple[int, list[LiveWorker]]:
+    """The launcher's pid and its workers, found in /proc: processes started with a dump file whose
+    parent was not (``launcher`` None: the only such launcher on this host).
+
+    Raises :class:`LookupError` with the line to show when there is none, or several to choose from.
+    """
+    by_launcher: dict[int, list[LiveWorker]] = {}
+    armed_pids: set[int] = set()
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        environ = _environ(int(name))
+        setting = environ.get(STACKS_VARIABLE)
+        if setting is None:
+            continue
+        armed_pids.add(int(name))
+        try:
+            _, fields = stat_fields(f"/proc/{name}/stat")
+        except OSError:
+            continue
+        worker = LiveWorker(pid=int(name), rank=_integer(environ.get("RANK")),
+                            local_rank=_integer(environ.get("LOCAL_RANK")), stacks_file=setting.partition(":")[2])
+        by_launcher.setdefault(int(fields[4]), []).append(worker)
+    # A worker's own Python children inherit nothing of the hook, but a --no-python worker's do.
+    launchers = {parent: workers for parent, workers in by_launcher.items() if parent not in armed_pids}
+    if launcher is not None:
+        if launcher not in launchers:
+            raise LookupError(f"process {launcher} is not an xlarun launcher with running workers")
+        return launcher, sorted(launchers[launcher], key=lambda worker: worker.rank)
+    if not launchers:
+        raise LookupError("no running xlarun launch on this host (or none of its workers is this user's)")
+    if len(launchers) > 1:
+        raise LookupError(f"several xlarun launches run on this host (launcher pids "
+                          f"{', '.join(map(str, sorted(launchers)))}): give one, as xlarun --stacks PID")
+    (parent, workers), = launchers.items()
+    return parent, sorted(workers, key=lambda worker: worker.rank)
+
+
+def _environ(pid: int) -> dict[str, str]:
+    """The environment a process started with, where this user may read it."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return {}
+    pairs = (entry.decode(errors="replace").partition("=") for entry in raw.split(b"\0") if entry)
+    return {key: value for key, _, value in pairs}
+
+
+def _integer(text: str | None) -> int:
+    return int(text) if text is not None and text.isdigit() else -1
