@@ -144,19 +144,20 @@ def records(dump_dir: Path) -> list[dict[str, Any]]:
 
 
 def assert_plan_is_run(document: dict[str, Any], ran: list[dict[str, Any]]) -> None:
-    """Every worker of one node's plan ran with the planned argv and variables; a value the plan
-    marks as decided at rendezvous is one it names, and one the worker got."""
+    """Every worker of one node's plan ran with the planned argv and variables (as it was started with
+    them); a value the plan marks as decided at rendezvous is one it names, and one the worker got."""
     assert len(ran) == document["nproc_per_node"]
     planned_workers = {entry["local_rank"]: entry for entry in document["workers"]}
     for record in ran:
         entry = planned_workers[int(record["env"]["LOCAL_RANK"])]
         assert record["command_line"] == entry["argv"]
+        started_with = record["exec_env"]
         for name, value in entry["env"].items():
-            assert name in record["env"], name
+            assert name in started_with, name
             if value == DECIDED:
                 assert name in document["decided_at_rendezvous"], name
             else:
-                assert planned_value_matches(value, record["env"][name]), (name, value, record["env"][name])
+                assert planned_value_matches(value, started_with[name]), (name, value, started_with[name])
         if entry["rank"] != DECIDED:
             assert record["env"]["RANK"] == str(entry["rank"])
 
