@@ -39,8 +39,8 @@ def summary(path: Path) -> dict[str, Any]:
 def test_a_hung_rank_is_named_with_every_ranks_stack(nodes: Nodes, out_dir: Path, port: int,
                                                      tmp_path: Path) -> None:
     record = tmp_path / "summary.json"
-    launcher = nodes.start("--nproc-per-node", "4", "--master-port", port, "--hang-timeout", TIMEOUT,
-                           "--log-dir", tmp_path / "logs", "--summary-file", record, HANG, out_dir, 2)
+    nodes.start("--nproc-per-node", "4", "--master-port", port, "--hang-timeout", TIMEOUT,
+                "--log-dir", tmp_path / "logs", "--summary-file", record, HANG, out_dir, 2)
     wait_for(lambda: len(worker_pids(out_dir)) == 4, "the four workers to join")
     joined = time.monotonic()
     run = nodes.finish_all()[0]

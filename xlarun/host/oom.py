@@ -29,12 +29,13 @@ def oom_kills() -> int:
     return _counter("/proc/vmstat", "oom_kill") or 0
 
 
-def memory_cgroup_directory(pid: str = "self") -> str | None:
-    """Where the memory cgroup of a process is mounted: its v1 ``memory`` hierarchy, else its v2 group."""
+def memory_cgroup_directory(process: str = "/proc/self") -> str | None:
+    """Where the memory cgroup of a process (its ``/proc`` directory) is mounted: its v1 ``memory``
+    hierarchy, else its v2 group."""
     try:
-        with open(f"/proc/{pid}/cgroup") as groups:
+        with open(os.path.join(process, "cgroup")) as groups:
             memberships = [line.rstrip("\n").split(":", 2) for line in groups]
-        with open(f"/proc/{pid}/mountinfo") as mounts:
+        with open(os.path.join(process, "mountinfo")) as mounts:
             mountinfo = [line.split() for line in mounts]
     except OSError:
         return None
@@ -53,7 +54,8 @@ def memory_cgroup_directory(pid: str = "self") -> str | None:
             continue
         if path is None or not (path + "/").startswith(root.rstrip("/") + "/"):
             continue
-        return os.path.join(mount_point, path[len(root.rstrip("/")):].lstrip("/"))
+        inside = path[len(root.rstrip("/")):].strip("/")
+        return os.path.join(mount_point, inside) if inside else mount_point
     return None
 
 
