@@ -82,16 +82,21 @@ def test_without_the_flag_nothing_is_watched(port: int, out_dir: Path) -> None:
 
 
 def test_node_0_names_a_stuck_rank_of_node_1(nodes: Nodes, out_dir: Path, port: int, tmp_path: Path) -> None:
+    """Node 1 finds the hang (node 0 would wait a minute): node 0 takes its stacks when told, and names all."""
     records = [tmp_path / f"node{rank}.json" for rank in (0, 1)]
-    node0 = nodes.start(*static(port, 0, 2, 2), "--hang-timeout", TIMEOUT, "--summary-file", records[0],
+    node0 = nodes.start(*static(port, 0, 2, 2), "--hang-timeout", 60, "--summary-file", records[0],
                         HANG, out_dir, 2)
     node1 = nodes.start(*static(port, 1, 2, 2), "--hang-timeout", TIMEOUT, "--summary-file", records[1],
                         HANG, out_dir, 2)
     wait_for(lambda: len(worker_pids(out_dir)) == 4, "the four workers to join")
+    joined = time.monotonic()
     runs = nodes.finish_all([node0, node1])
+    found_after = time.monotonic() - joined
 
     assert [run.returncode for run in runs] == [HUNG_EXIT, HUNG_EXIT], both(runs)
+    assert found_after < FOUND_WITHIN, both(runs)
     assert POSITION.search(runs[0].stderr), both(runs)
+    assert "the workers are hung: node 1: no output and no CPU use for" in runs[0].stderr, both(runs)
     positions = summary(records[0])["root_cause"]["positions"]
     assert sorted(positions) == ["0", "1", "2", "3"]
     assert summary(records[1])["result"] == "hung"
