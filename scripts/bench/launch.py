@@ -199,9 +199,18 @@ def time_to_exit(runner: Runner, who: str, argv: list[str], run_dir: Path) -> fl
     return elapsed
 
 
-def time_launch(runner: Runner, launcher: str, nproc: int) -> float:
+HANG_WATCH = ("--hang-timeout", "600")
+"""xlarun's hang detection, on in the rows that measure what it costs (torchrun has none)."""
+
+
+def own_flags(launcher: str, watch_hangs: bool) -> tuple[str, ...]:
+    return HANG_WATCH if watch_hangs and launcher == "xlarun" else ()
+
+
+def time_launch(runner: Runner, launcher: str, nproc: int, watch_hangs: bool = False) -> float:
     run_dir = runner.fresh_dir(f"launch-{launcher}-{nproc}")
-    argv = runner.launcher_argv(launcher, nproc, run_dir / "logs", runner.scripts["noop"])
+    argv = runner.launcher_argv(launcher, nproc, run_dir / "logs", runner.scripts["noop"],
+                                extra=own_flags(launcher, watch_hangs))
     return time_to_exit(runner, launcher, argv, run_dir)
 
 
@@ -278,11 +287,12 @@ def sample_memory(runner: Runner, launcher: str) -> MemorySample:
 
 # --- crash to exit -----------------------------------------------------------------------------
 
-def time_crash_to_exit(runner: Runner, launcher: str) -> float:
+def time_crash_to_exit(runner: Runner, launcher: str, watch_hangs: bool = False) -> float:
     run_dir = runner.fresh_dir(f"crash-{launcher}")
     marks = run_dir / "marks"
     marks.mkdir()
-    argv = runner.launcher_argv(launcher, CRASH_PEERS + 1, run_dir / "logs", runner.scripts["crash"], str(marks))
+    argv = runner.launcher_argv(launcher, CRASH_PEERS + 1, run_dir / "logs", runner.scripts["crash"], str(marks),
+                                extra=own_flags(launcher, watch_hangs))
     pid = runner.spawn(argv, run_dir / "stderr")
     _, status, _ = os.wait4(pid, 0)
     exited_at = time.time()
@@ -406,6 +416,14 @@ def run_benchmark(runner: Runner, repeat: int, sizes: Sizes) -> list[Measure]:
             shell.append(time_shell_floor(runner, nproc))
         measures += [measure, above_shell_floor(measure, nproc, shell)]
 
+    nproc = sizes.launch_workers[0]
+    watched = Measure(f"launch and exit, {nproc} no-op workers, xlarun {' '.join(HANG_WATCH)}", "s", 1, 3)
+    progress(f"bench: {watched.title}")
+    for _ in range(repeat):
+        for launcher in LAUNCHERS:
+            watched.samples[launcher].append(time_launch(runner, launcher, nproc, watch_hangs=True))
+    measures.append(watched)
+
     tree = Measure("", "MiB", 1 / 1024, 1, "≥ 10×", at_least_10x)
     own = Measure("peak RSS, launcher process alone", "MiB", 1 / 1024, 1)
     largest = Measure("ru_maxrss from wait4 (largest process, workers included)", "MiB", 1 / 1024, 1)
@@ -425,10 +443,13 @@ def run_benchmark(runner: Runner, repeat: int, sizes: Sizes) -> list[Measure]:
     crash = Measure(f"crash to exit, {CRASH_PEERS} sleeping peers", "ms", 1000, 1, "xlarun < 100 ms",
                     lambda xlarun, torchrun: xlarun < 0.1)
     progress(f"bench: {crash.title}")
+    watched_crash = Measure(f"crash to exit, {CRASH_PEERS} sleeping peers, xlarun {' '.join(HANG_WATCH)}", "ms",
+                            1000, 1)
     for _ in range(repeat):
         for launcher in LAUNCHERS:
             crash.samples[launcher].append(time_crash_to_exit(runner, launcher))
-    measures.append(crash)
+            watched_crash.samples[launcher].append(time_crash_to_exit(runner, launcher, watch_hangs=True))
+    measures += [crash, watched_crash]
 
     lines = sizes.tee_lines_per_worker
     tee_bytes = Measure(f"tee throughput, --tee 3, 2 workers × {lines} lines", "MB/s", 1e-6, 1,

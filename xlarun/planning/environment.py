@@ -119,7 +119,8 @@ def worker_variables(config: LaunchConfig, node: NodeAssignment, local_rank: int
     variables.update(device.variables(node, local_rank))
     # The worker's log directory holds its error file and, when asked, its stacks.
     variables.update(hook_variables(os.path.join(os.path.dirname(error_file), STACKS_FILE), environ))
-    if config.hang_timeout is not None and device.runtime in TORCH_XLA_RUNTIMES and STEP_LOG_VARIABLE not in environ:
+    if (config.hang_timeout is not None and device.torch_xla_version is not None
+            and device.runtime in TORCH_XLA_RUNTIMES and STEP_LOG_VARIABLE not in environ):
         # torch_xla's step log is progress the hang watch sees without a change to the script.
         variables[STEP_LOG_VARIABLE] = "1"
     return variables
