@@ -24,6 +24,7 @@ TIMEOUT = 3
 # Found within the timeout, the check that the workers are idle and the stacks' dump: a few seconds more.
 FOUND_WITHIN = TIMEOUT + 10
 HUNG_EXIT = 124
+NATIVE = "\n--- py-spy dump --native ---\n"
 POSITION = re.compile(r"rank 2: stuck_in_data_loader \(hang_rank\.py:\d+\) · ranks 0-1,3: all_reduce "
                       r"\(hang_rank\.py:\d+\)")
 
@@ -54,6 +55,10 @@ def test_a_hung_rank_is_named_with_every_ranks_stack(nodes: Nodes, out_dir: Path
     texts = [path.read_text() for path in stacks]
     assert all(text.startswith(("Thread ", "Current thread ")) for text in texts), texts
     assert "in stuck_in_data_loader" in texts[2] and "in all_reduce" in texts[0]
+    # py-spy (installed with the test tools) adds each worker's native frames after its Python ones.
+    natives = [text.partition(NATIVE)[2] for text in texts]
+    assert all('"MainThread"' in native for native in natives), texts
+    assert "stuck_in_data_loader (hang_rank.py:" in natives[2]
     written = summary(record)
     assert written["result"] == "hung" and written["exit_code"] == HUNG_EXIT
     assert written["root_cause"]["reason"] == "hung"
@@ -114,6 +119,7 @@ def test_stacks_of_a_live_run_and_the_run_goes_on(nodes: Nodes, out_dir: Path, p
     assert f"xlarun launch {launcher.pid}: 2 workers" in shown.stdout
     assert re.search(r"^rank 0 \(local rank 0, pid \d+\):\n(Current thread|Thread) ", shown.stdout, re.M)
     assert 'in all_reduce' in shown.stdout and "in stuck_in_data_loader" in shown.stdout
+    assert "rank 1, native (py-spy dump --native):\nProcess " in shown.stdout
     assert re.search(r"rank 0: all_reduce \(hang_rank\.py:\d+\) · rank 1: stuck_in_data_loader", shown.stdout)
     assert run.returncode == 0, run.stderr
 

@@ -11,14 +11,6 @@ import sys
 from collections.abc import Sequence
 
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.supervision.stacks import (
-    UNKNOWN,
-    StackTarget,
-    describe_positions,
-    dump_stacks,
-    launch_workers,
-    where,
-)
 
 STACKS_NAME = "--stacks"
 
@@ -39,12 +31,25 @@ def stacks_request(args: Sequence[str]) -> tuple[bool, int | None]:
 
 
 def print_stacks(launcher: int | None) -> int:
-    """Print every worker's stacks on stdout, then one line of where the ranks stand; returns the exit code."""
+    """Print every worker's stacks on stdout (with py-spy's native frames where it is installed), then one
+    line of where the ranks stand; returns the exit code."""
+    # Loaded only when asked: a launch reads none of it.
+    from xlarun.supervision.stacks import (
+        UNKNOWN,
+        StackTarget,
+        describe_positions,
+        dump_stacks,
+        launch_workers,
+        native_stacks,
+        where,
+    )
+
     try:
         parent, workers = launch_workers(launcher)
     except LookupError as error:
         raise LaunchError(str(error)) from None
     dumps = dump_stacks(StackTarget(worker.rank, worker.pid, worker.stacks_file) for worker in workers)
+    natives = native_stacks(worker.pid for worker in workers)
     out = sys.stdout
     out.write(f"xlarun launch {parent}: {len(workers)} worker{'s' if len(workers) != 1 else ''}\n")
     positions = {}
@@ -53,5 +58,7 @@ def print_stacks(launcher: int | None) -> int:
         positions[worker.rank] = where(dump) if dump is not None else UNKNOWN
         out.write(f"\nrank {worker.rank} (local rank {worker.local_rank}, pid {worker.pid}):\n")
         out.write((dump.rstrip("\n") if dump else f"  {UNKNOWN}") + "\n")
+        if worker.pid in natives:
+            out.write(f"\nrank {worker.rank}, native (py-spy dump --native):\n{natives[worker.pid]}\n")
     out.write(f"\n{describe_positions(positions)}\n")
     return 0

@@ -354,7 +354,7 @@ class WorkerGroup:
     def _stacks_then_stop(self, reason: str, found_here: bool) -> None:
         """The attempt is hung: tell the other nodes (when found here), take every running worker's
         stacks, then tear the group down as for a failure."""
-        from xlarun.supervision.stacks import UNKNOWN, StackTarget, dump_stacks, where
+        from xlarun.supervision.stacks import UNKNOWN, StackTarget, append_native, dump_stacks, native_stacks, where
 
         if self._stop_signal is not None:
             return
@@ -372,6 +372,11 @@ class WorkerGroup:
         self._stop_reason = reason
         if self._on_stacks is not None:
             self._on_stacks(self._hang)  # before the teardown, which can take the grace period
+        # Native frames where py-spy is installed and may trace the workers, after the Python ones.
+        natives = native_stacks(worker.pgid for worker in live)
+        for worker in live:
+            if worker.pgid in natives:
+                append_native(worker.spec.logs.stacks_file, natives[worker.pgid])
         self._begin_stop(signal.SIGTERM)
 
     def _on_worker_exit(self, worker: Worker) -> None:

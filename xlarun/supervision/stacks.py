@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
+import subprocess
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -87,6 +90,48 @@ def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT) -> dict
                 dumps[rank] = _read_from(target.path, before)
                 del started[rank]
     return dict(sorted(dumps.items()))
+
+
+NATIVE_WAIT = 20.0
+"""How long py-spy may take for all the workers together (it reads each process's memory and symbols)."""
+
+
+def py_spy() -> str | None:
+    """py-spy, where it is installed: on PATH or beside the launcher's Python (a virtualenv's bin)."""
+    beside = os.path.join(os.path.dirname(sys.executable), "py-spy")
+    return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
+
+
+def native_stacks(pids: Iterable[int], wait: float = NATIVE_WAIT) -> dict[int, str]:
+    """``py-spy dump --native`` of each process, by pid, all at once: the frames inside C and C++
+    (gloo, NCCL, libtpu) that faulthandler cannot see. Empty where py-spy is not installed; a process
+    py-spy may not trace (no ptrace rights) gets py-spy's own line saying why."""
+    program = py_spy()
+    if program is None:
+        return {}
+    running = {pid: subprocess.Popen([program, "dump", "--native", "--pid", str(pid)], stdin=subprocess.DEVNULL,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+               for pid in pids}
+    deadline = time.monotonic() + wait
+    found: dict[int, str] = {}
+    for pid, process in running.items():
+        try:
+            output, _ = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            output, _ = process.communicate()
+            output += f"\n(py-spy gave no dump within {wait:g} s)".encode()
+        found[pid] = output.decode(errors="replace").strip()
+    return found
+
+
+def append_native(path: str, text: str) -> None:
+    """Add py-spy's dump after faulthandler's in a worker's dump file."""
+    try:
+        with open(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NOFOLLOW | os.O_CLOEXEC), "a") as handle:
+            handle.write(f"\n--- py-spy dump --native ---\n{text}\n")
+    except OSError:
+        pass  # the worker's directory is gone or refuses: the Python stacks are there already
 
 
 def _size(path: str) -> int:
