@@ -10,8 +10,10 @@ import itertools
 import os
 import signal
 import subprocess
+import threading
+from collections.abc import Callable
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import pytest
 
@@ -19,6 +21,7 @@ from xlarun.supervision.group import GroupOutcome, WorkerGroup, WorkerResult
 from xlarun.supervision.process import StreamTarget, WorkerSpec
 from xlarun.supervision.relay import StreamPlan, WorkerLogPlan
 from xlarun.supervision.signals import RELAYED_SIGNALS
+from xlarun.supervision.stacks import UNKNOWN
 
 _pids = itertools.count(100000)
 
@@ -109,9 +112,11 @@ def spec(local_rank: int) -> WorkerSpec:
 
 def run_group(behaviour: dict[int, dict[str, object]], *, inbox: FakeInbox | None = None,
               kill_timeout: float = 30.0, count: int = 2,
-              failures: list[WorkerResult] | None = None) -> tuple[GroupOutcome, list[FakeProcess]]:
+              failures: list[WorkerResult] | None = None,
+              before_run: Callable[[WorkerGroup], None] | None = None,
+              **group_options: Any) -> tuple[GroupOutcome, list[FakeProcess]]:
     """Run ``count`` fake workers; ``behaviour[local_rank]`` holds FakeProcess's keyword arguments
-    (or ``{"cannot_start": True}``)."""
+    (or ``{"cannot_start": True}``); ``group_options`` go to the group, which ``before_run`` sees first."""
     started: list[FakeProcess] = []
 
     def start(worker_spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget) -> FakeProcess:
@@ -123,7 +128,10 @@ def run_group(behaviour: dict[int, dict[str, object]], *, inbox: FakeInbox | Non
         return process
 
     group = WorkerGroup([spec(rank) for rank in range(count)], kill_timeout=kill_timeout,
-                        on_failure=None if failures is None else failures.append, start_process=start)
+                        on_failure=None if failures is None else failures.append, start_process=start,
+                        **group_options)
+    if before_run is not None:
+        before_run(group)
     return group.run(inbox or FakeInbox()), started  # type: ignore[arg-type]
 
 
@@ -223,3 +231,38 @@ def test_a_fault_in_the_loop_tears_the_group_down_before_it_leaves() -> None:
     stubborn, obedient = started
     assert stubborn.signals == [signal.SIGTERM, signal.SIGKILL] and stubborn.returncode == -signal.SIGKILL
     assert obedient.signals[0] == signal.SIGTERM and obedient.returncode == -signal.SIGTERM
+
+
+def test_a_silent_idle_group_is_found_hung_told_first_then_stopped() -> None:
+    """Stand-ins use no CPU and, after their first line, say nothing: hung once the timeout passes.
+    They never armed a stack dump, so none is asked of them."""
+    heard: list[object] = []
+    outcome, workers = run_group({0: {"stderr_text": b"started\n"}}, hang_timeout=0.2, on_hang=heard.append,
+                                 on_stacks=heard.append)
+    assert outcome.hang is not None and outcome.hang.found_here
+    assert outcome.hang.positions == {0: UNKNOWN, 1: UNKNOWN} and outcome.hang.stacks_files == {}
+    assert heard == [outcome.hang.reason, outcome.hang] and outcome.hang.reason.startswith("no output and no CPU use")
+    assert outcome.stop_reason == outcome.hang.reason and not outcome.failures and not outcome.succeeded
+    assert [worker.signals for worker in workers] == [[signal.SIGTERM], [signal.SIGTERM]]
+    assert [result.position for result in outcome.results] == [UNKNOWN, UNKNOWN]
+
+
+def test_a_hang_another_node_found_takes_the_stacks_and_stops_without_telling_again() -> None:
+    heard: list[object] = []
+    outcome, workers = run_group({}, on_hang=heard.append, on_stacks=heard.append,
+                                 before_run=lambda group: group.request_stop("node 1: no output", hung=True))
+    assert outcome.hang is not None and not outcome.hang.found_here
+    assert heard == [outcome.hang] and outcome.stop_reason == "node 1: no output"
+    assert [worker.signals for worker in workers] == [[signal.SIGTERM], [signal.SIGTERM]]
+
+
+def test_without_a_timeout_a_silent_group_runs_on() -> None:
+    timers: list[threading.Timer] = []
+
+    def stop_later(group: WorkerGroup) -> None:
+        timers.append(threading.Timer(0.5, group.request_stop, ["stopped from outside"]))
+        timers[0].start()
+
+    outcome, _ = run_group({}, before_run=stop_later)
+    timers[0].join()
+    assert outcome.hang is None and outcome.stop_reason == "stopped from outside"

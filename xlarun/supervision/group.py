@@ -17,6 +17,15 @@ continued. An :class:`~xlarun.supervision.guard.OrphanGuard` kills the groups if
 itself is killed before it could; an exception that breaks the loop tears the group down the
 same way before it goes on (no worker outlives the loop).
 
+With ``hang_timeout`` the loop also watches for a hang (:mod:`xlarun.supervision.hangs`): output
+it relays counts as progress, and once the timeout passes in silence it reads the workers' CPU
+time. A hung group is told of first (``on_hang``, so that the other nodes take their stacks
+too), then every running worker's stacks are taken (:mod:`xlarun.supervision.stacks`) and handed
+on (``on_stacks``), then the group is torn down as for a failure. Another node's hang reaches it
+as ``request_stop(reason, hung=True)``. Each reaped worker's peak memory and CPU time come from
+the kernel's rusage, and a SIGKILL while the kernel's OOM kills rose is named so
+(:mod:`xlarun.host.oom`).
+
 Worker output reaches the console through writers that never block the loop
 (:mod:`xlarun.console`); while a console is too far behind, the pipes that feed it are left
 unread, so the workers wait in their writes and exits, signals and stops are still seen at once.
@@ -366,7 +375,8 @@ class WorkerGroup:
         for worker in live:
             dump = dumps.get(worker.result.rank)
             worker.result.position = where(dump) if dump is not None else UNKNOWN
-        self._hang = Hang(reason, {worker.result.rank: worker.result.position or UNKNOWN for worker in live},
+        self._hang = Hang(reason, {worker.result.rank: worker.result.position for worker in live
+                                   if worker.result.position is not None},
                           {rank: worker.spec.logs.stacks_file for worker in live
                            if (rank := worker.result.rank) in dumps}, found_here)
         self._stop_reason = reason
