@@ -101,7 +101,7 @@ def test_node_0_names_a_stuck_rank_of_node_1(nodes: Nodes, out_dir: Path, port: 
     assert [run.returncode for run in runs] == [HUNG_EXIT, HUNG_EXIT], both(runs)
     assert found_after < FOUND_WITHIN, both(runs)
     assert POSITION.search(runs[0].stderr), both(runs)
-    assert "the workers are hung: node 1: no output and no CPU use for" in runs[0].stderr, both(runs)
+    assert "the workers are hung: node 1: no output for " in runs[0].stderr, both(runs)
     positions = summary(records[0])["root_cause"]["positions"]
     assert sorted(positions) == ["0", "1", "2", "3"]
     assert summary(records[1])["result"] == "hung"

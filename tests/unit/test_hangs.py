@@ -87,6 +87,8 @@ def test_a_silent_worker_using_the_cpu_is_busy_and_looked_at_again_a_timeout_lat
     cpu[0] += watch.confirm  # a whole core
     assert watch.check() is Verdict.BUSY and watch.busy_ranks == [0]
     assert watch.seconds_left() == pytest.approx(30.0)
+    # Still silent: the silence counts from the last output, not from the last look.
+    assert watch.quiet_for == pytest.approx(30.0 + watch.confirm)
 
 
 def test_a_check_before_its_time_says_nothing_and_samples_nothing() -> None:

@@ -241,7 +241,7 @@ def test_a_silent_idle_group_is_found_hung_told_first_then_stopped() -> None:
                                  on_stacks=heard.append)
     assert outcome.hang is not None and outcome.hang.found_here
     assert outcome.hang.positions == {0: UNKNOWN, 1: UNKNOWN} and outcome.hang.stacks_files == {}
-    assert heard == [outcome.hang.reason, outcome.hang] and outcome.hang.reason.startswith("no output and no CPU use")
+    assert heard == [outcome.hang.reason, outcome.hang] and outcome.hang.reason.startswith("no output for ")
     assert outcome.stop_reason == outcome.hang.reason and not outcome.failures and not outcome.succeeded
     assert [worker.signals for worker in workers] == [[signal.SIGTERM], [signal.SIGTERM]]
     assert [result.position for result in outcome.results] == [UNKNOWN, UNKNOWN]

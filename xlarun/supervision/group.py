@@ -358,7 +358,7 @@ class WorkerGroup:
                 f"{watch.timeout:g} s but {'use' if len(ranks) > 1 else 'uses'} the CPU (an XLA compile?): "
                 "not hung; the run goes on")
         elif verdict is Verdict.HUNG:
-            self._stacks_then_stop(f"no output and no CPU use for {watch.quiet_for:.0f} s", found_here=True)
+            self._stacks_then_stop(f"no output for {watch.quiet_for:.0f} s and no CPU use", found_here=True)
 
     def _stacks_then_stop(self, reason: str, found_here: bool) -> None:
         """The attempt is hung: tell the other nodes (when found here), take every running worker's

@@ -47,23 +47,26 @@ class HangWatch:
         self._cpu_seconds = cpu_seconds
         self._clock = clock
         self._last_progress = clock()
+        self._next_check = self._last_progress + timeout
         self._sample: tuple[float, Mapping[int, float]] | None = None
         self.busy_ranks: list[int] = []
         """The workers found busy at the last check."""
 
     @property
     def quiet_for(self) -> float:
+        """Seconds since the last progress."""
         return self._clock() - self._last_progress
 
     def saw_progress(self) -> None:
         self._last_progress = self._clock()
+        self._next_check = self._last_progress + self.timeout
         self._sample = None
 
     def seconds_left(self) -> float:
         """How long the loop may wait before :meth:`check` is due."""
         if self._sample is not None:
             return max(0.0, self._sample[0] + self.confirm - self._clock())
-        return max(0.0, self._last_progress + self.timeout - self._clock())
+        return max(0.0, self._next_check - self._clock())
 
     def check(self) -> Verdict | None:
         """Call when :meth:`seconds_left` is 0: None while there is nothing to say."""
@@ -80,8 +83,8 @@ class HangWatch:
                                  if (seconds - before.get(rank, seconds)) / span > BUSY_SHARE)
         if not self.busy_ranks:
             return Verdict.HUNG
-        # Busy: the next look comes a timeout later, measured from now.
-        self._last_progress = now
+        # Busy: the next look comes a timeout later.
+        self._next_check = now + self.timeout
         self._sample = None
         return Verdict.BUSY
 
