@@ -27,8 +27,11 @@ def stuck_in_data_loader() -> None:
 def main() -> None:
     dist.init_process_group("gloo", init_method="env://")
     rank = dist.get_rank()
-    with open(os.path.join(out, f"{rank}.json"), "w") as handle:
+    # Written whole under its name: the test reads the records while the workers start.
+    record = os.path.join(out, f"{rank}.json")
+    with open(record + ".part", "w") as handle:
         json.dump({"rank": rank, "pid": os.getpid()}, handle)
+    os.replace(record + ".part", record)
     if rank == stuck_rank:
         stuck_in_data_loader()
     dist.all_reduce(torch.ones(1))
