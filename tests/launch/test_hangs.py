@@ -68,6 +68,22 @@ def test_a_hung_rank_is_named_with_every_ranks_stack(nodes: Nodes, out_dir: Path
     assert not [pid for pid in worker_pids(out_dir) if is_alive(pid)]
 
 
+def test_a_hung_attempt_is_restarted_as_a_failed_one(port: int, out_dir: Path, tmp_path: Path) -> None:
+    record = tmp_path / "summary.json"
+    run = run_xlarun("--nproc-per-node", "2", "--master-port", port, "--hang-timeout", TIMEOUT, "--max-restarts", 1,
+                     "--summary-file", record, HANG, out_dir, 1, "first-attempt")
+
+    assert run.returncode == 0, run.stderr
+    assert re.search(r"^xlarun: where the ranks of attempt 0 stood: rank 0: all_reduce \(hang_rank\.py:\d+\) · "
+                     r"rank 1: stuck_in_data_loader \(hang_rank\.py:\d+\)$", run.stderr, re.M), run.stderr
+    assert re.search(r"^xlarun: attempt 0 hung \(no output for \d+ s and no CPU use\); restarting the worker group "
+                     r"\(restart 1 of 1\)$", run.stderr, re.M), run.stderr
+    written = summary(record)
+    assert (written["result"], written["restarts"]) == ("succeeded", 1)
+    assert [worker.get("stack") is not None for attempt in written["attempts"] for worker in attempt["workers"]] == \
+        [True, True, False, False]
+
+
 def test_a_silent_worker_that_computes_is_not_hung(port: int) -> None:
     run = run_xlarun("--nproc-per-node", "1", "--master-port", port, "--hang-timeout", 1,
                      worker("busy_silent.py"), 4)

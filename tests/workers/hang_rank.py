@@ -1,11 +1,11 @@
 """One rank stops in a named function while the others wait for it in an all-reduce.
 
-Usage: ``hang_rank.py OUT_DIR STUCK_RANK [release]``
+Usage: ``hang_rank.py OUT_DIR STUCK_RANK [first-attempt]``
 
 Every rank joins a gloo group, writes ``OUT_DIR/<RANK>.json`` (its pid, for the test's cleanup
 and its checks), and then all-reduces; rank STUCK_RANK first waits in ``stuck_in_data_loader``
-until ``OUT_DIR/release`` appears (forever unless the test writes it). Written for the hang
-tests and ``xlarun --stacks``.
+until ``OUT_DIR/release`` appears (forever unless the test writes it); with ``first-attempt``, only
+in the first attempt. Written for the hang tests and ``xlarun --stacks``.
 """
 
 import json
@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 out, stuck_rank = sys.argv[1], int(sys.argv[2])
+first_attempt_only = sys.argv[3:] == ["first-attempt"]
 
 
 def stuck_in_data_loader() -> None:
@@ -32,7 +33,7 @@ def main() -> None:
     with open(record + ".part", "w") as handle:
         json.dump({"rank": rank, "pid": os.getpid()}, handle)
     os.replace(record + ".part", record)
-    if rank == stuck_rank:
+    if rank == stuck_rank and not (first_attempt_only and os.environ["TORCHELASTIC_RESTART_COUNT"] != "0"):
         stuck_in_data_loader()
     dist.all_reduce(torch.ones(1))
     dist.destroy_process_group()

@@ -146,9 +146,13 @@ class Agent:
                     raise LaunchError(end.lost)
                 return self._fail(failures, outcome)
             restarts += 1
-            cause = (outcome.hang.reason if outcome.hang is not None else describe(failures[0]) if failures
-                     else (end.lost or outcome.stop_reason or "stopped"))
-            say(f"attempt {attempt - 1} failed ({cause}); restarting the worker group "
+            if outcome.hang is not None:
+                how = f"hung ({outcome.hang.reason})"
+                if outcome.hang.positions:
+                    say(f"where the ranks of attempt {attempt - 1} stood: {describe_positions(outcome.hang.positions)}")
+            else:
+                how = f"failed ({describe(failures[0]) if failures else end.lost or outcome.stop_reason or 'stopped'})"
+            say(f"attempt {attempt - 1} {how}; restarting the worker group "
                 f"(restart {restarts} of {self.config.max_restarts})")
 
     def _publisher(self, node: NodeAssignment, records: list[FailureRecord]) -> Callable[[WorkerResult], None]:
