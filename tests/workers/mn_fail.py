@@ -30,5 +30,8 @@ with open(os.path.join(out, f"{rank}.{attempt}.json"), "w") as handle:
     json.dump(record, handle)
 if attempt < failing_attempts:
     if rank == failing_rank:
+        # Its own group's threads joined first: a gloo thread still running at interpreter exit can abort
+        # the process (SIGABRT, "terminate called without an active exception") before the exit code is in.
+        dist.destroy_process_group()
         sys.exit(3)
     time.sleep(600)
