@@ -97,6 +97,15 @@ def test_a_progress_bar_redraws_behind_its_prefix() -> None:
     assert console.drain() == b"p: 20%|##\n"
 
 
+def test_a_windows_line_end_split_between_two_reads_ends_one_line() -> None:
+    relay, console = relay_to_pipe(prefix=b"p:")
+    relay.feed(b"first\r")
+    relay.feed(b"\nsecond\r\nthird\r")
+    relay.feed(b"\n")
+    relay.feed(b"\nafter an empty line\n")
+    assert console.drain() == b"p:first\r\np:second\r\np:third\r\np:\np:after an empty line\n"
+
+
 def test_a_log_file_that_refuses_bytes_costs_only_that_file(capfd: pytest.CaptureFixture[str]) -> None:
     relay, console = relay_to_pipe(prefix=b"p:", file="/dev/full")
     relay.feed(b"one\n")

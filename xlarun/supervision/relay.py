@@ -195,6 +195,8 @@ class StreamRelay:
         self._prefix = plan.prefix
         self._partial = b""
         self._unshown = b""
+        self._after_carriage_return = False
+        """The console's last piece ended with ``\r``: a ``\n`` that comes next ends that line (``\r\n``)."""
         self.tail: deque[bytes] = deque(maxlen=TAIL_LINES)
         self.step_log = StepLog() if plan.step_log else None
 
@@ -248,6 +250,11 @@ class StreamRelay:
     def _to_console_prefixed(self, data: bytes) -> None:
         assert self._console is not None
         text = self._unshown + data
+        # The \n of a \r\n split between two reads ends the line the \r left, behind no prefix of its own.
+        lead = b""
+        if self._after_carriage_return and not self._unshown and text.startswith(b"\n"):
+            lead, text = b"\n", text[1:]
+            self._after_carriage_return = False
         # Only up to the last line end: a search from every offset of an unended tail costs its square.
         shown = max(text.rfind(b"\n"), text.rfind(b"\r")) + 1
         pieces = LINE_END.findall(text, 0, shown)
@@ -259,7 +266,9 @@ class StreamRelay:
         # A lone carriage return at the start of a line (where each piece leaves the cursor) moves nothing.
         shown_pieces = [piece for piece in pieces if piece != b"\r"]
         if shown_pieces:
-            self._console.write(b"".join(self._prefix + piece for piece in shown_pieces))
+            self._after_carriage_return = shown_pieces[-1].endswith(b"\r")
+        if lead or shown_pieces:
+            self._console.write(lead + b"".join(self._prefix + piece for piece in shown_pieces))
 
 
 def read_tail(path: str | None, limit: int = TAIL_LINES) -> list[str]:
