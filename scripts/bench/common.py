@@ -12,7 +12,7 @@ import platform
 import sys
 from pathlib import Path
 
-from xlarun.host.procfs import stat_fields
+from xlarun.host.procfs import CLOCK_TICKS, stat_fields
 
 REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = ("xlarun", "torchrun")
@@ -100,7 +100,7 @@ def peak_rss_kib(pid: int) -> int | None:
 def process_cpu_seconds(pid: int) -> float:
     """User and system CPU of one live process (its threads, not its children), from /proc."""
     _, fields = stat_fields(f"/proc/{pid}/stat")
-    return (int(fields[STAT_UTIME]) + int(fields[STAT_STIME])) / os.sysconf("SC_CLK_TCK")
+    return (int(fields[STAT_UTIME]) + int(fields[STAT_STIME])) / CLOCK_TICKS
 
 
 def listening(port: int) -> bool:

@@ -27,7 +27,7 @@ from typing import Any
 
 from xlarun.flags import flag
 from xlarun.host.devices import NEURON_DEVICE_NAME, NVIDIA_DEVICE_NAME, host_root, list_dir
-from xlarun.host.procfs import stat_fields
+from xlarun.host.procfs import CLOCK_TICKS, started_environ, stat_fields
 
 DEVICE_FILES: Mapping[str, tuple[tuple[str, re.Pattern[str]], ...]] = {
     # A VFIO group node per chip; /dev/vfio/vfio is the container node every VFIO user shares.
@@ -143,7 +143,7 @@ def _describe_process(proc: str, pid: int, devices: set[str]) -> Holder | None:
     if len(command) > COMMAND_WIDTH:
         command = command[:COMMAND_WIDTH - 3] + "..."
     return Holder(pid=pid, command=command, age_seconds=_age(proc, started), devices=tuple(sorted(devices)),
-                  run_id=_run_id(f"{base}/environ"), pgid=pgid, sid=sid)
+                  run_id=started_environ(f"{base}/environ").get("TORCHELASTIC_RUN_ID"), pgid=pgid, sid=sid)
 
 
 def _age(proc: str, started_ticks: int) -> float:
@@ -152,20 +152,7 @@ def _age(proc: str, started_ticks: int) -> float:
             uptime = float(handle.read().split()[0])
     except (OSError, ValueError, IndexError):
         return 0.0
-    return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
-
-
-def _run_id(environ_path: str) -> str | None:
-    """``TORCHELASTIC_RUN_ID`` as the process started with it (other users' are unreadable)."""
-    try:
-        with open(environ_path, "rb") as handle:
-            entries = handle.read().split(b"\0")
-    except OSError:
-        return None
-    for entry in entries:
-        if entry.startswith(b"TORCHELASTIC_RUN_ID="):
-            return entry.split(b"=", 1)[1].decode(errors="replace")
-    return None
+    return max(0.0, uptime - started_ticks / CLOCK_TICKS)
 
 
 def format_age(seconds: float) -> str:

@@ -1,6 +1,13 @@
-"""Reading ``/proc/<pid>/stat``, whose second field (the name) may hold spaces and parentheses."""
+"""Reading ``/proc``: a process's ``stat`` fields (its name may hold spaces and parentheses), every
+process's at once, and the environment a process started with."""
 
 from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+"""The unit of ``stat``'s times (``utime``, ``starttime``, ...) per second."""
 
 
 def stat_fields(path: str) -> tuple[str, list[bytes]]:
@@ -11,3 +18,27 @@ def stat_fields(path: str) -> tuple[str, list[bytes]]:
         head, rest = handle.read().rsplit(b")", 1)
     pid, name = head.split(b" (", 1)
     return name.decode(errors="replace"), [b"", pid, name, *rest.split()]
+
+
+def process_stats(proc: str = "/proc") -> Iterator[tuple[int, list[bytes]]]:
+    """Every process's pid and :func:`stat_fields`, in one pass over ``proc``; those that end meanwhile are left out."""
+    for name in os.listdir(proc):
+        if not name.isdigit():
+            continue
+        try:
+            _, fields = stat_fields(f"{proc}/{name}/stat")
+        except OSError:
+            continue
+        yield int(name), fields
+
+
+def started_environ(path: str) -> dict[str, str]:
+    """The environment a process started with (its ``/proc/<pid>/environ`` at ``path``); empty where this
+    user may not read it (another user's process) or the process is gone."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except OSError:
+        return {}
+    pairs = (entry.decode(errors="replace").partition("=") for entry in raw.split(b"\0") if entry)
+    return {key: value for key, _, value in pairs}

@@ -19,16 +19,14 @@ minutes), and the silence is checked again a timeout later; otherwise the worker
 from __future__ import annotations
 
 import enum
-import os
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from xlarun.host.procfs import stat_fields
+from xlarun.host.procfs import CLOCK_TICKS, process_stats
 
 BUSY_SHARE = 0.05
 """The share of one core above which a silent worker counts as busy: a worker blocked in a collective
 or a lock uses next to none."""
-_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class Verdict(enum.Enum):
@@ -93,15 +91,9 @@ def group_cpu_seconds(pgids: Iterable[int]) -> dict[int, float]:
     """The CPU time (user and system, with reaped children's) of every live process in each process
     group, summed per group; one pass over /proc for all of them."""
     wanted = {pgid: 0.0 for pgid in pgids}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            _, fields = stat_fields(f"/proc/{name}/stat")
-        except OSError:
-            continue
+    for _, fields in process_stats():
         group = int(fields[5])
         if group in wanted:
             # utime, stime, cutime, cstime: fields 14 to 17 of proc(5).
-            wanted[group] += sum(int(value) for value in fields[14:18]) / _TICKS
+            wanted[group] += sum(int(value) for value in fields[14:18]) / CLOCK_TICKS
     return wanted

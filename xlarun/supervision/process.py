@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import IO, Protocol
 
-from xlarun.host.procfs import stat_fields
+from xlarun.host.procfs import process_stats
 from xlarun.supervision.relay import WorkerLogPlan
 
 
@@ -39,17 +39,7 @@ class Usage:
 
 def group_members(pgid: int) -> list[int]:
     """Live processes of a process group (found in /proc), zombies excluded."""
-    members = []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            _, fields = stat_fields(f"/proc/{name}/stat")
-        except OSError:
-            continue
-        if int(fields[5]) == pgid and fields[3] not in (b"Z", b"X"):
-            members.append(int(name))
-    return members
+    return [pid for pid, fields in process_stats() if int(fields[5]) == pgid and fields[3] not in (b"Z", b"X")]
 
 
 def signal_group(pgid: int, number: int) -> bool:

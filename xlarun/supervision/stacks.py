@@ -24,7 +24,7 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from xlarun.host.procfs import stat_fields
+from xlarun.host.procfs import process_stats, started_environ
 from xlarun.stackdump import STACKS_SIGNAL, STACKS_VARIABLE
 
 DUMP_WAIT = 3.0
@@ -227,20 +227,14 @@ def launch_workers(launcher: int | None) -> tuple[int, list[LiveWorker]]:
     """
     by_launcher: dict[int, list[LiveWorker]] = {}
     armed_pids: set[int] = set()
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        environ = _environ(int(name))
+    for pid, fields in process_stats():
+        environ = started_environ(f"/proc/{pid}/environ")
         setting = environ.get(STACKS_VARIABLE)
         if setting is None:
             continue
-        armed_pids.add(int(name))
-        try:
-            _, fields = stat_fields(f"/proc/{name}/stat")
-        except OSError:
-            continue
-        worker = LiveWorker(pid=int(name), rank=_integer(environ.get("RANK")),
-                            local_rank=_integer(environ.get("LOCAL_RANK")), stacks_file=setting.partition(":")[2])
+        armed_pids.add(pid)
+        worker = LiveWorker(pid=pid, rank=_integer(environ.get("RANK")), local_rank=_integer(environ.get("LOCAL_RANK")),
+                            stacks_file=setting.partition(":")[2])
         by_launcher.setdefault(int(fields[4]), []).append(worker)
     # A worker's own Python children inherit nothing of the hook, but a --no-python worker's do.
     launchers = {parent: workers for parent, workers in by_launcher.items() if parent not in armed_pids}
@@ -255,17 +249,6 @@ def launch_workers(launcher: int | None) -> tuple[int, list[LiveWorker]]:
                           f"{', '.join(map(str, sorted(launchers)))}): give one, as xlarun --stacks PID")
     (parent, workers), = launchers.items()
     return parent, sorted(workers, key=lambda worker: worker.rank)
-
-
-def _environ(pid: int) -> dict[str, str]:
-    """The environment a process started with, where this user may read it."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as handle:
-            raw = handle.read()
-    except OSError:
-        return {}
-    pairs = (entry.decode(errors="replace").partition("=") for entry in raw.split(b"\0") if entry)
-    return {key: value for key, _, value in pairs}
 
 
 def _integer(text: str | None) -> int:
