@@ -17,6 +17,7 @@ store's plumbing and key names), ``joining`` (who takes part, and each attempt's
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import socket
 import time
@@ -68,6 +69,17 @@ class NodeStacks:
     """By global rank (:func:`~xlarun.supervision.stacks.where`)."""
     stacks_files: dict[int, str]
     """The dump file of each rank whose stacks were taken, on that node's host."""
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> NodeStacks:
+        fields = json.loads(raw)
+        # JSON's keys are text; the ranks are numbers again.
+        return cls(node_rank=fields["node_rank"], host=fields["host"],
+                   positions={int(rank): where for rank, where in fields["positions"].items()},
+                   stacks_files={int(rank): path for rank, path in fields["stacks_files"].items()})
 
 
 class Rendezvous(Protocol):

@@ -29,7 +29,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from xlarun.config import LaunchConfig
@@ -226,26 +226,25 @@ class NodeRendezvous:
         if stop is not None:
             stop(reason, hung=hung)
 
-    def announce_hang(self, reason: str) -> None:
+    def _tell_the_others(self, write: Callable[[Client, Seat], None]) -> None:
+        """Write news of this attempt to the job's store, unless the store is known lost or goes meanwhile
+        (the watchers report that)."""
+        from torch.distributed import DistNetworkError
+
         seat = self._seat
         assert seat is not None
         if self._lost:
-            return
-        from torch.distributed import DistNetworkError
+            return  # a hung store would never answer; the watchers report the loss
+        with contextlib.suppress(DistNetworkError):
+            write(self._store_client(), seat)
 
-        with contextlib.suppress(DistNetworkError):  # the store's host is gone: the watchers report that
-            announce(self._store_client(), self._keys, seat.attempt, News(HUNG, f"node {seat.node_rank}: {reason}"))
+    def announce_hang(self, reason: str) -> None:
+        self._tell_the_others(lambda store, seat: announce(
+            store, self._keys, seat.attempt, News(HUNG, f"node {seat.node_rank}: {reason}")))
 
     def publish_stacks(self, stacks: NodeStacks) -> None:
-        seat = self._seat
-        assert seat is not None
-        if self._lost:
-            return
-        from torch.distributed import DistNetworkError
-
-        with contextlib.suppress(DistNetworkError):
-            self._store_client().set(self._keys.attempt(seat.attempt, "stacks", stacks.node_rank),
-                                     json.dumps(dataclasses.asdict(stacks)))
+        self._tell_the_others(lambda store, seat: store.set(
+            self._keys.attempt(seat.attempt, "stacks", stacks.node_rank), stacks.to_json()))
 
     def job_stacks(self, own: NodeStacks, wait: float) -> list[NodeStacks]:
         from torch.distributed import DistNetworkError
@@ -257,32 +256,21 @@ class NodeRendezvous:
             return [own]
         deadline = time.monotonic() + wait
         store = self._store_client()
-        for node_rank in range(seat.nnodes):
+        for node_rank in set(range(seat.nnodes)) - set(found):
             key = self._keys.attempt(seat.attempt, "stacks", node_rank)
-            if node_rank in found:
-                continue
             with contextlib.suppress(DistNetworkError):
                 if store.check([key]) or wait_for_key(store, key, deadline):
-                    fields = json.loads(store.get(key))
-                    found[node_rank] = NodeStacks(
-                        node_rank=fields["node_rank"], host=fields["host"],
-                        positions={int(rank): where for rank, where in fields["positions"].items()},
-                        stacks_files={int(rank): path for rank, path in fields["stacks_files"].items()})
+                    found[node_rank] = NodeStacks.from_json(store.get(key))
         return [found[node_rank] for node_rank in sorted(found)]
 
     def publish_failure(self, failure: FailureRecord) -> None:
-        from torch.distributed import DistNetworkError
-
-        seat = self._seat
-        assert seat is not None
-        if self._lost:
-            return  # a hung store would never answer; the watchers report the loss
-        store = self._store_client()
-        with contextlib.suppress(DistNetworkError):  # the store's host is gone: the watchers report that
+        def write(store: Client, seat: Seat) -> None:
             store.compare_set(self._keys.attempt(seat.attempt, "failure"), "", json.dumps(dataclasses.asdict(failure)))
             announce(store, self._keys, seat.attempt,
                      News("failure", f"rank {failure.rank} on node {failure.node_rank} failed "
                                      f"(exit code {failure.exit_status})"))
+
+        self._tell_the_others(write)
 
     def first_failure(self) -> FailureRecord | None:
         from torch.distributed import DistNetworkError
