@@ -32,6 +32,11 @@ STACKS_FILE = "stacks.txt"
 HOOK_DIRECTORY = os.path.join(os.path.dirname(os.path.abspath(__file__)), "worker", "startup")
 
 
+def stacks_file(worker_log_directory: str) -> str:
+    """Where a worker's dump goes: beside its error file, in its log directory."""
+    return os.path.join(worker_log_directory, STACKS_FILE)
+
+
 def hook_variables(stacks_file: str, environ: Mapping[str, str]) -> dict[str, str]:
     """What a worker gets so that its Python arms the dump to ``stacks_file`` (``environ``: the
     launcher's own, whose ``PYTHONPATH`` comes after the hook's directory and is restored by it)."""

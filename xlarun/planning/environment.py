@@ -17,7 +17,7 @@ from xlarun.flags import flag
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import local_rank_reader
 from xlarun.runtimes.releases import Release
-from xlarun.stackdump import STACKS_FILE, hook_variables
+from xlarun.stackdump import hook_variables, stacks_file
 
 if TYPE_CHECKING:
     # Annotations only: the worker imports this module for LAUNCHED_MARKER.
@@ -117,8 +117,7 @@ def worker_variables(config: LaunchConfig, node: NodeAssignment, local_rank: int
     """
     variables = contract_env(node, local_rank, config=config, environ=environ, error_file=error_file)
     variables.update(device.variables(node, local_rank))
-    # The worker's log directory holds its error file and, when asked, its stacks.
-    variables.update(hook_variables(os.path.join(os.path.dirname(error_file), STACKS_FILE), environ))
+    variables.update(hook_variables(stacks_file(os.path.dirname(error_file)), environ))
     if (config.hang_timeout is not None and device.torch_xla_version is not None
             and device.runtime in TORCH_XLA_RUNTIMES and STEP_LOG_VARIABLE not in environ):
         # torch_xla's step log is progress the hang watch sees without a change to the script.

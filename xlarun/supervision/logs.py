@@ -24,7 +24,7 @@ from string import Template
 from xlarun.config import STDERR, STDOUT, LaunchConfig
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
-from xlarun.stackdump import STACKS_FILE
+from xlarun.stackdump import stacks_file
 from xlarun.supervision.relay import MatchingLines, StreamPlan, WorkerLogPlan
 
 FILTERED_LOGS = {STDOUT: "filtered_stdout.log", STDERR: "filtered_stderr.log"}
@@ -106,5 +106,5 @@ def plan_worker_logs(config: LaunchConfig, run_dir: str, attempt: int, local_ran
         error_file=os.path.join(directory, "error.json"),
         stdout=stream(STDOUT, "stdout", 1),
         stderr=stream(STDERR, "stderr", 2),
-        stacks_file=os.path.join(directory, STACKS_FILE),
+        stacks_file=stacks_file(directory),
     )

@@ -65,31 +65,43 @@ def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT) -> dict
 
     A target that is not armed, has gone, or wrote nothing within ``wait`` seconds is left out.
     """
-    started: dict[int, tuple[StackTarget, int]] = {}
+    pending: list[_Dump] = []
     for target in targets:
         if not is_armed(target.pid):
             continue
-        size = _size(target.path)
+        dump = _Dump(target, _size(target.path), time.monotonic())
         try:
             os.kill(target.pid, STACKS_SIGNAL)
         except OSError:
             continue
-        started[target.rank] = (target, size)
+        pending.append(dump)
     dumps: dict[int, str] = {}
     deadline = time.monotonic() + wait
-    sizes = {rank: size for rank, (_, size) in started.items()}
-    stable_since = dict.fromkeys(started, time.monotonic())
-    while started and time.monotonic() < deadline:
+    while pending and time.monotonic() < deadline:
         time.sleep(0.01)
-        for rank, (target, before) in list(started.items()):
-            size = _size(target.path)
-            now = time.monotonic()
-            if size != sizes[rank]:
-                sizes[rank], stable_since[rank] = size, now
-            elif size > before and now - stable_since[rank] >= _SETTLE:
-                dumps[rank] = _read_from(target.path, before)
-                del started[rank]
+        for dump in list(pending):
+            if dump.settled():
+                dumps[dump.target.rank] = _read_from(dump.target.path, dump.before)
+                pending.remove(dump)
     return dict(sorted(dumps.items()))
+
+
+@dataclass
+class _Dump:
+    """One dump asked for: the file's size before it, and since when the file has kept its size."""
+
+    target: StackTarget
+    before: int
+    unchanged_since: float
+    size: int = -1
+
+    def settled(self) -> bool:
+        """The dump came and its file stopped growing (the handler writes it in many small writes)."""
+        size, now = _size(self.target.path), time.monotonic()
+        if size != self.size:
+            self.size, self.unchanged_since = size, now
+            return False
+        return size > self.before and now - self.unchanged_since >= _SETTLE
 
 
 NATIVE_WAIT = 20.0
