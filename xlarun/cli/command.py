@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import sys
-import traceback
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -279,6 +278,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = UsageError.exit_code
     except LaunchError as error:
         if os.environ.get("XLARUN_DEBUG") and error.__cause__ is not None:
+            import traceback  # only here: it costs every launch 2 ms
+
             traceback.print_exception(error.__cause__)
         say(str(error) + (" (set XLARUN_DEBUG=1 for the traceback)" if error.__cause__ is not None else ""))
         code = error.exit_code

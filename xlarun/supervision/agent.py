@@ -45,7 +45,6 @@ from xlarun.supervision.report import (
     peak_rss_note,
 )
 from xlarun.supervision.signals import SUSPEND_SIGNAL, SignalInbox, suspend_self
-from xlarun.supervision.stacks import describe_positions, rank_ranges
 
 T = TypeVar("T")
 
@@ -149,6 +148,8 @@ class Agent:
             if outcome.hang is not None:
                 how = f"hung ({outcome.hang.reason})"
                 if outcome.hang.positions:
+                    from xlarun.supervision.stacks import describe_positions  # loaded only when a run hangs
+
                     say(f"where the ranks of attempt {attempt - 1} stood: {describe_positions(outcome.hang.positions)}")
             else:
                 how = f"failed ({describe(failures[0]) if failures else end.lost or outcome.stop_reason or 'stopped'})"
@@ -217,6 +218,8 @@ class Agent:
 
     def _hung(self, node: NodeAssignment, hang: Hang) -> int:
         """The report of a hung attempt: where every rank stood (the job's, on node 0), and their stacks."""
+        from xlarun.supervision.stacks import describe_positions, rank_ranges  # loaded only when a run hangs
+
         assert self.summary is not None
         own = node_stacks(node, hang)
         nodes = self.rendezvous.job_stacks(own, STACKS_WAIT) if node.node_rank == 0 else [own]

@@ -15,7 +15,6 @@ import contextlib
 import json
 import os
 import re
-import secrets
 import socket
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -139,7 +138,7 @@ class RunSummary:
         perhaps as root, overwrite the file the link points to. Its mode is what ``open`` would give.
         """
         directory, name = os.path.split(os.path.abspath(path))
-        temporary = os.path.join(directory, f".{name}.{secrets.token_hex(8)}.tmp")
+        temporary = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
         try:
             os.makedirs(directory, exist_ok=True)
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
