@@ -140,6 +140,11 @@ def step_log_on(environ: Mapping[str, str]) -> bool:
         return False
 
 
+STEP_MARK = b"torch_xla."
+"""What every step line holds: a stream without it passes at once."""
+_STEP_LINE = re.compile(rb"^(?:" + rb"|".join(re.escape(line) for line in STEP_LINES) + rb")", re.MULTILINE)
+
+
 class StepLog:
     """Takes torch_xla's step-log lines out of a stream and counts them.
 
@@ -154,23 +159,23 @@ class StepLog:
 
     def strip(self, data: bytes) -> bytes:
         text, self._held = self._held + data, b""
-        pieces = text.split(b"\n")
-        tail = pieces.pop()
-        kept: list[bytes] = []
-        for index, piece in enumerate(pieces):
-            line = piece + b"\n"
-            if (index > 0 or self._at_line_start) and line in STEP_LINES:
-                self.steps += 1
-            else:
-                kept.append(line)
-        if pieces:
-            self._at_line_start = True
-        if tail and self._at_line_start and any(step.startswith(tail) for step in STEP_LINES):
-            self._held = tail
-        elif tail:
-            kept.append(tail)
-            self._at_line_start = False
-        return b"".join(kept)
+        tail_start = text.rfind(b"\n") + 1
+        tail = text[tail_start:]
+        if tail and (tail_start > 0 or self._at_line_start) and any(step.startswith(tail) for step in STEP_LINES):
+            self._held, text = tail, text[:tail_start]
+        if not text:
+            return b""
+        # What comes next starts a line: the held tail does, or this text ended one.
+        at_line_start, self._at_line_start = self._at_line_start, bool(self._held) or text.endswith(b"\n")
+        if STEP_MARK not in text:
+            return text  # no step line here: one search, not a look at every line
+        # A first line that continues one already begun is the stream's own, whatever it says.
+        first = 0 if at_line_start else text.find(b"\n") + 1
+        if not at_line_start and first == 0:
+            return text
+        rest, steps = _STEP_LINE.subn(b"", text[first:])
+        self.steps += steps
+        return text[:first] + rest
 
     def close(self) -> bytes:
         """What is still held back: it never became a step line."""
@@ -223,7 +228,8 @@ class StreamRelay:
                 self._to_console_prefixed(data)
             else:
                 self._console.write(data)
-        lines = (self._partial + data).split(b"\n")
+        # Split off only the last lines: the ones before them never reach the tail.
+        lines = (self._partial + data).rsplit(b"\n", TAIL_LINES + 1)
         self._partial = lines.pop()
         if len(self._partial) > MAX_PARTIAL_LINE:
             lines.append(self._partial)
@@ -257,6 +263,15 @@ class StreamRelay:
             self._after_carriage_return = False
         # Only up to the last line end: a search from every offset of an unended tail costs its square.
         shown = max(text.rfind(b"\n"), text.rfind(b"\r")) + 1
+        if b"\r" not in text and len(text) - shown <= MAX_PARTIAL_LINE:
+            # Plain lines, the common case: one replace puts the prefix behind every newline.
+            self._unshown = text[shown:]
+            if shown:
+                lead += self._prefix + text[:shown - 1].replace(b"\n", b"\n" + self._prefix) + b"\n"
+                self._after_carriage_return = False
+            if lead:
+                self._console.write(lead)
+            return
         pieces = LINE_END.findall(text, 0, shown)
         self._unshown = text[shown:]
         if len(self._unshown) > MAX_PARTIAL_LINE:
