@@ -99,6 +99,12 @@ def test_a_check_before_its_time_says_nothing_and_samples_nothing() -> None:
     assert watch.check() is None and samples == []
 
 
+def test_step_lines_one_after_another_are_all_counted() -> None:
+    log = StepLog()
+    kept = log.strip(b"torch_xla.torch_xla::sync\n" * 3 + b"loss 1\n" + b"torch_xla.torch_xla::sync\n" * 2)
+    assert (kept, log.steps) == (b"loss 1\n", 5)
+
+
 def test_the_step_log_is_counted_and_taken_out() -> None:
     log = StepLog()
     kept = log.strip(b"loss 1\ntorch_xla.torch_xla::sync\nloss 2\ntorch_xla.torch")

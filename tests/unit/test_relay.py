@@ -57,6 +57,16 @@ def test_prefixed_lines_reach_the_console_whole() -> None:
     assert console.drain() == b"[default0]:three\n"
 
 
+def test_many_lines_in_one_read_each_get_the_prefix_and_the_tail_keeps_the_last() -> None:
+    relay, console = relay_to_pipe(prefix=b"p:")
+    relay.feed(b"a\n\nb\nc")
+    assert console.drain() == b"p:a\np:\np:b\n"
+    assert list(relay.tail) == [b"a", b"", b"b"]
+    relay.feed(b"".join(b"%d\n" % number for number in range(3 * TAIL_LINES)))
+    assert console.drain().split(b"\n", 1)[0] == b"p:c0"
+    assert list(relay.tail) == [b"%d" % number for number in range(2 * TAIL_LINES, 3 * TAIL_LINES)]
+
+
 def test_unprefixed_text_passes_at_once() -> None:
     relay, console = relay_to_pipe()
     relay.feed(b"50%\r")
