@@ -169,10 +169,12 @@ class StepLog:
         at_line_start, self._at_line_start = self._at_line_start, bool(self._held) or text.endswith(b"\n")
         if STEP_MARK not in text:
             return text  # no step line here: one search, not a look at every line
-        # A first line that continues one already begun is the stream's own, whatever it says.
-        first = 0 if at_line_start else text.find(b"\n") + 1
-        if not at_line_start and first == 0:
-            return text
+        first = 0
+        if not at_line_start:
+            # A first line that continues one already begun is the stream's own, whatever it says.
+            first = text.find(b"\n") + 1
+            if not first:
+                return text
         rest, steps = _STEP_LINE.subn(b"", text[first:])
         self.steps += steps
         return text[:first] + rest
