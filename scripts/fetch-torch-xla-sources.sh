@@ -23,15 +23,10 @@ FILES=(
     torch_xla/_internal/neuron.py torch_xla/_internal/neuron_utils.py torch_xla/_internal/xpu.py
 )
 
-# As in setup-venv.sh: interrupted downloads resume, and a failed one is tried three times.
-export PIP_RETRIES=${PIP_RETRIES:-10} PIP_TIMEOUT=${PIP_TIMEOUT:-60} PIP_RESUME_RETRIES=${PIP_RESUME_RETRIES:-30}
+. scripts/pip-retries.sh
 download_wheel() {
-    local release=$1 dest=$2 try
-    for try in 1 2 3; do
-        .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.10 \
-            --platform manylinux_2_28_x86_64 --dest "$dest" "torch_xla==$release" && return 0
-    done
-    return 1
+    .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.10 \
+        --platform manylinux_2_28_x86_64 --dest "$2" "torch_xla==$1"
 }
 
 status=0
@@ -39,7 +34,7 @@ for release in "${RELEASES[@]}"; do
     target="$CACHE/$release"
     [ -f "$target/COMPLETE" ] && continue
     download=$(mktemp -d)
-    if download_wheel "$release" "$download" \
+    if retried "fetch-torch-xla-sources: torch_xla $release" download_wheel "$release" "$download" \
         && .venv/bin/python - "$download" "$target" "${FILES[@]}" <<'PYTHON'
 import pathlib, shutil, sys, zipfile
 

@@ -19,19 +19,7 @@ if [ ! -x "$venv/bin/python" ]; then
 fi
 stamp=$venv/.xlarun-installed
 wanted=$(sha256sum pyproject.toml "$constraints" | sha256sum | cut -d' ' -f1)
-# A registry can drop a connection in the middle of a download (seen with the 600 MB CUDA wheels
-# that torch 2.9 brings). pip resumes an interrupted download (PIP_RESUME_RETRIES, pip 25.1 and
-# newer; older pips ignore the variable), and a failed install runs again, up to three times in
-# all: the wheels that did arrive stay in pip's cache.
-export PIP_RETRIES=${PIP_RETRIES:-10} PIP_TIMEOUT=${PIP_TIMEOUT:-60} PIP_RESUME_RETRIES=${PIP_RESUME_RETRIES:-30}
-retried() {
-    local try
-    for try in 1 2 3; do
-        "$@" && return 0
-        [ "$try" -lt 3 ] && echo "setup-venv.sh: $venv: attempt $try failed, trying again" >&2 && sleep $((10 * try))
-    done
-    return 1
-}
+. scripts/pip-retries.sh
 install_stack() {
     # pip 25.1 is the first to install dependency groups (--group).
     "$venv/bin/python" -m pip install --quiet --upgrade 'pip>=25.1' || return
@@ -41,6 +29,6 @@ install_stack() {
     "${install[@]}" --config-settings editable_mode=compat 2>/dev/null || "${install[@]}"
 }
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$wanted" ]; then
-    retried install_stack
+    retried "setup-venv.sh: $venv" install_stack
     echo "$wanted" > "$stamp"
 fi
