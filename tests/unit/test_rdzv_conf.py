@@ -47,3 +47,13 @@ def test_every_item_needs_a_key_and_a_value_as_in_torchrun(conf: str) -> None:
 @pytest.mark.parametrize("conf", ["is_host=t", "is_host=N", "is_host=Yes"])
 def test_is_host_takes_torchs_words(conf: str) -> None:
     assert prepare("--rdzv-backend", "c10d", "--rdzv-conf", conf, "--dry-run", "t.py").config.rdzv_conf
+
+
+def test_read_timeout_bounds_an_unanswered_store_call_and_is_checked_where_read() -> None:
+    from xlarun.exceptions import UsageError
+    from xlarun.rendezvous.store import Timeouts
+
+    assert Timeouts.read({}, 600).call == 30
+    assert Timeouts.read({"read_timeout": "4"}, 600).call == 4
+    with pytest.raises(UsageError, match="read_timeout='0' is invalid: expected a positive number of seconds"):
+        Timeouts.read({"read_timeout": "0"}, 600)

@@ -51,8 +51,8 @@ RDZV_CONF_READ: Mapping[str, Mapping[str, tuple[Callable[[str], bool], str]]] = 
 """The rendezvous options torchrun 2.9 reads per backend, with what it accepts: static's handler
 reads only ``timeout`` (``int()``), c10d's handler and store only the keys listed. A key the
 chosen backend does not read is ignored, however it is spelt, as torchrun ignores it (xlarun's
-own ``token`` and, under static with several nodes, ``join_timeout``, ``heartbeat_timeout`` and
-``close_timeout`` are checked where the rendezvous reads them)."""
+own ``token`` and, under static with several nodes, ``join_timeout``, ``heartbeat_timeout``,
+``close_timeout`` and ``read_timeout`` are checked where the rendezvous reads them)."""
 
 
 # Fields whose value is the option's parsed value, unchanged.

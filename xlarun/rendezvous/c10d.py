@@ -36,7 +36,6 @@ from xlarun.host.ports import address_facing, is_local_address
 from xlarun.rendezvous import JobEnded
 from xlarun.rendezvous.joining import LeadAttempt, Member, Seat, take_seat
 from xlarun.rendezvous.store import (
-    CALL_TIMEOUT,
     DEFAULT_JOIN_TIMEOUT,
     STATUS_INTERVAL,
     Client,
@@ -227,7 +226,7 @@ class C10dSeating:
         started = time.monotonic()
         config = self._config
         expected = f"{config.min_nodes}{'' if config.min_nodes == config.max_nodes else f'-{config.max_nodes}'}"
-        client = self._connector(self._store_host, self._store_port, CALL_TIMEOUT)
+        client = self._connector(self._store_host, self._store_port, self.timeouts.call)
 
         def tick() -> None:
             while not stop.wait(STATUS_INTERVAL):

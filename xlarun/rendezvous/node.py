@@ -49,7 +49,6 @@ from xlarun.rendezvous.joining import (
     seat_attempt,
 )
 from xlarun.rendezvous.store import (
-    CALL_TIMEOUT,
     Client,
     Connector,
     JobKeys,
@@ -140,7 +139,7 @@ class NodeRendezvous:
         # One deadline for reaching the store and hearing its job: a store found late leaves less time to check.
         deadline = time.monotonic() + self._timeouts.join
         store, self._serving = open_job_store(self._connector, host, port, self._seating.store_role(host),
-                                              self._timeouts.join, self._status)
+                                              self._timeouts, self._status)
         self._store, self._store_host, self._store_port = store, host, port
         refusals_seen = check_job(store, self._serving, self._keys.run_id, self._token, f"{host}:{port}",
                                   deadline, self._status)
@@ -149,13 +148,13 @@ class NodeRendezvous:
         # store's address on each connection, and a slow resolver then costs one wait, not several.
         roles = ["watch", "beat", *(["monitor"] if self._serving else []), *self._seating.connections]
         with concurrent.futures.ThreadPoolExecutor(len(roles)) as pool:
-            connections = pool.map(lambda _: self._connector(host, port, CALL_TIMEOUT), roles)
+            connections = pool.map(lambda _: self._connector(host, port, self._timeouts.call), roles)
             clients = dict(zip(roles, connections, strict=True))
         self._watch_client = clients["watch"]
         self._agent = int(store.add(self._keys("agents"), 1))
         store.add(self._keys.heartbeat(self._agent), 1)
         self._beats = Heartbeat(clients["beat"], self._keys.heartbeat(self._agent), self._timeouts.beat_interval,
-                                CALL_TIMEOUT, self._on_store_lost)
+                                self._timeouts.call, self._on_store_lost)
         self._beats.start()
         self._seating.joined(store, host, port, self._agent,
                              {role: clients[role] for role in self._seating.connections})

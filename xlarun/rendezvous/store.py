@@ -29,11 +29,12 @@ from xlarun.flags import flag
 DEFAULT_JOIN_TIMEOUT = 600.0
 DEFAULT_HEARTBEAT_TIMEOUT = 5.0
 DEFAULT_CLOSE_TIMEOUT = 30.0
+# How long a connection may take to open, and a store may leave a call (a heartbeat among them)
+# unanswered before it is taken for gone (a host that vanished without closing its connections):
+# ``read_timeout``, torchrun's name for its TCPStore's timeout (60 s there).
+DEFAULT_READ_TIMEOUT = 30.0
 # How often a status line on a terminal is redrawn while the agent waits.
 STATUS_INTERVAL = 0.5
-# How long a connection may take to open, and a store may leave a heartbeat unanswered before it
-# is taken for gone (a host that vanished without closing its connections).
-CALL_TIMEOUT = 30.0
 
 
 class Client(Protocol):
@@ -137,13 +138,16 @@ class Timeouts:
     join: float
     heartbeat: float
     close: float
+    call: float
+    """How long a store call may go unanswered: torchrun's ``read_timeout``."""
 
     @classmethod
     def read(cls, conf: Mapping[str, str], join_default: float) -> Timeouts:
         """``join_default`` is the backend's: torchrun's static rendezvous reads ``timeout`` for it."""
         return cls(join=conf_seconds(conf, "join_timeout", join_default),
                    heartbeat=conf_seconds(conf, "heartbeat_timeout", DEFAULT_HEARTBEAT_TIMEOUT),
-                   close=conf_seconds(conf, "close_timeout", DEFAULT_CLOSE_TIMEOUT))
+                   close=conf_seconds(conf, "close_timeout", DEFAULT_CLOSE_TIMEOUT),
+                   call=conf_seconds(conf, "read_timeout", DEFAULT_READ_TIMEOUT))
 
     @property
     def beat_interval(self) -> float:
@@ -278,7 +282,7 @@ def lost_store_line(where: str, store_node: int | None, error: BaseException) ->
     return f"lost the rendezvous store at {where} ({first_line(error)}): {host} stopped"
 
 
-def open_job_store(connector: Connector, host: str, port: int, role: StoreRole, timeout: float,
+def open_job_store(connector: Connector, host: str, port: int, role: StoreRole, timeouts: Timeouts,
                    status: StatusLine) -> tuple[Client, bool]:
     """Serve or reach the job's store; returns the client and whether this agent serves it.
 
@@ -287,7 +291,7 @@ def open_job_store(connector: Connector, host: str, port: int, role: StoreRole, 
     """
     if role is not StoreRole.REACH:
         try:
-            store, _ = serve_store(host, port, timeout)
+            store, _ = serve_store(host, port, timeouts.join)
         except OSError as error:
             if role is StoreRole.SERVE:
                 raise UsageError(f"cannot serve the rendezvous store on {host}:{port}: {error.strerror}; "
@@ -295,7 +299,7 @@ def open_job_store(connector: Connector, host: str, port: int, role: StoreRole, 
                                  "host:PORT)") from None
         else:
             return store, True
-    return connect_client(connector, host, port, timeout, CALL_TIMEOUT, status), False
+    return connect_client(connector, host, port, timeouts.join, timeouts.call, status), False
 
 
 @contextlib.contextmanager
