@@ -13,15 +13,33 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 stacks=${XLARUN_TEST_STACKS:-xla next}
+# The stacks and the test programs install side by side: each install spends most of its time
+# unpacking on one core or waiting on the network. Each one's output is printed when it ends, whole.
+logs=$(mktemp -d)
+trap 'rm -rf "$logs"' EXIT
+setups=()
 for stack in $stacks; do
-    scripts/setup-venv.sh "$stack"
+    scripts/setup-venv.sh "$stack" >"$logs/$stack" 2>&1 &
+    setups+=("$!:$stack")
 done
+# Open MPI's mpirun, Slurm's scontrol, zsh and tcsh for the tests that run them (Debian's packages, as root);
+# where they cannot be installed those tests skip, except under CI, where they fail.
+{ scripts/install-test-programs.sh || true; } >"$logs/programs" 2>&1 &
+setups+=("$!:programs")
+failed=0
+for setup in "${setups[@]}"; do
+    code=0; wait "${setup%%:*}" || code=$?
+    cat "$logs/${setup#*:}" >&2
+    if [ "$failed" -eq 0 ]; then
+        failed=$code
+    fi
+done
+if [ "$failed" -ne 0 ]; then
+    exit "$failed"
+fi
 # The release matrix test's torch_xla sources, fetched once into .venv; a failure is reported there
 # and makes those tests skip (fail under CI), not the whole run.
 scripts/fetch-torch-xla-sources.sh || true
-# Open MPI's mpirun, Slurm's scontrol, zsh and tcsh for the tests that run them (Debian's packages, as root);
-# where they cannot be installed those tests skip, except under CI, where they fail.
-scripts/install-test-programs.sh || true
 
 status=0
 record() {
