@@ -3,7 +3,8 @@
 # configured in pyproject.toml, over xlarun/ and scripts/), then run the test suite on each stack:
 #   .venv       torch 2.9 + torch_xla 2.9: the whole suite;
 #   .venv-next  the newest torch that installs here, with torch_tpu and libtpu and no torch_xla: every
-#               test that needs no torch_xla (markers torch_xla, release_matrix and examples left out),
+#               test that needs no torch_xla (markers torch_xla, release_matrix, examples and slurm left
+#               out, whatever -m selects),
 #               with device backends not autoloaded except where a test asks for them.
 # Extra arguments go to pytest on both stacks: scripts/test.sh -m unit runs the unit layer,
 # scripts/test.sh -m "not slurm" skips the Slurm cluster. XLARUN_TEST_STACKS="xla" (or "next")
@@ -61,8 +62,8 @@ for stack in $stacks; do
     code=0
     case "$stack" in
         xla) .venv/bin/python -m pytest "$@" || code=$? ;;
-        next) TORCH_DEVICE_BACKEND_AUTOLOAD=0 .venv-next/bin/python -m pytest \
-                  -m "not torch_xla and not release_matrix and not examples and not slurm" "$@" || code=$? ;;
+        next) TORCH_DEVICE_BACKEND_AUTOLOAD=0 XLARUN_TESTS_LEAVE_OUT=torch_xla,release_matrix,examples,slurm \
+                  .venv-next/bin/python -m pytest "$@" || code=$? ;;
     esac
     record "$code" "pytest on the $stack stack"
 done

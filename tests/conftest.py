@@ -14,6 +14,7 @@ given here by folder; the tests under ``tests/launch/`` run real processes.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -59,13 +60,24 @@ def slurm_env() -> Iterator[dict[str, str]]:
 
 
 @pytest.hookimpl(tryfirst=True)
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the unit layer by folder, and refuse a test that uses ``slurm_env`` without the ``slurm``
-    marker: ``-m "not slurm"`` would select it and start the cluster that the marker promises to
-    leave alone."""
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the unit layer by folder, leave out the markers ``XLARUN_TESTS_LEAVE_OUT`` names, and
+    refuse a test that uses ``slurm_env`` without the ``slurm`` marker: ``-m "not slurm"`` would
+    select it and start the cluster that the marker promises to leave alone.
+
+    ``XLARUN_TESTS_LEAVE_OUT`` (markers, comma-separated) is how ``scripts/test.sh`` keeps the
+    newer stack to the tests that need no torch_xla. It holds whatever ``-m`` is given as well,
+    where a second ``-m`` would replace the first.
+    """
     for item in items:
         if item.path.is_relative_to(UNIT):
             item.add_marker(pytest.mark.unit)
+    left_out = {marker for marker in os.environ.get("XLARUN_TESTS_LEAVE_OUT", "").split(",") if marker}
+    if left_out:
+        kept = [item for item in items if not left_out & {mark.name for mark in item.iter_markers()}]
+        if len(kept) < len(items):
+            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+            items[:] = kept
     unmarked = [item.nodeid for item in items
                 if "slurm_env" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None]
     if unmarked:
