@@ -23,10 +23,7 @@ wanted=$(sha256sum pyproject.toml "$constraints" | sha256sum | cut -d' ' -f1)
 install_stack() {
     # pip 25.1 is the first to install dependency groups (--group).
     "$venv/bin/python" -m pip install --quiet --upgrade 'pip>=25.1' || return
-    # --no-compile: bytecode is written when a module is first imported instead. Compiling all
-    # of torch at install costs about 35 s per stack, and the tests import a fraction of it.
-    local install=("$venv/bin/python" -m pip install --quiet --no-compile -c "$constraints" -e ".[$extra]"
-                   --group dev)
+    local install=("$venv/bin/python" -m pip install --quiet -c "$constraints" -e ".[$extra]" --group dev)
     # A plain path entry ("compat") rather than setuptools' import hook, which costs every
     # launch about 10 ms; newer setuptools may drop compat mode, then the default applies.
     "${install[@]}" --config-settings editable_mode=compat 2>/dev/null || "${install[@]}"
