@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 from collections.abc import Sequence
@@ -53,8 +54,17 @@ class Nodes:
         return [json.loads(path.read_text()) for path in sorted(self.out_dir.glob("*.json"))]
 
     def wait_for_records(self, count: int) -> list[dict[str, Any]]:
-        wait_for(lambda: len(list(self.out_dir.glob("*.json"))) >= count, f"{count} worker records")
+        """Until ``count`` workers wrote their records whole: a file is there, empty, from the
+        worker's ``open`` until its ``json.dump`` is done."""
+        wait_for(lambda: len(self._whole_records()) >= count, f"{count} worker records")
         return self.records()
+
+    def _whole_records(self) -> list[dict[str, Any]]:
+        whole = []
+        for path in sorted(self.out_dir.glob("*.json")):
+            with contextlib.suppress(json.JSONDecodeError):
+                whole.append(json.loads(path.read_text()))
+        return whole
 
     def worker_pids(self) -> list[int]:
         return [record["pid"] for record in self.records() if "pid" in record]
