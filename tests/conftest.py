@@ -73,11 +73,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.is_relative_to(UNIT):
             item.add_marker(pytest.mark.unit)
     left_out = {marker for marker in os.environ.get("XLARUN_TESTS_LEAVE_OUT", "").split(",") if marker}
-    if left_out:
-        kept = [item for item in items if not left_out & {mark.name for mark in item.iter_markers()}]
-        if len(kept) < len(items):
-            config.hook.pytest_deselected(items=[item for item in items if item not in kept])
-            items[:] = kept
+    kept: list[pytest.Item] = []
+    dropped: list[pytest.Item] = []
+    for item in items:
+        (dropped if left_out & {mark.name for mark in item.iter_markers()} else kept).append(item)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
     unmarked = [item.nodeid for item in items
                 if "slurm_env" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None]
     if unmarked:

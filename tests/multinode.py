@@ -51,20 +51,17 @@ class Nodes:
         return [finish(process) for process in (self.processes if processes is None else processes)]
 
     def records(self) -> list[dict[str, Any]]:
-        return [json.loads(path.read_text()) for path in sorted(self.out_dir.glob("*.json"))]
-
-    def wait_for_records(self, count: int) -> list[dict[str, Any]]:
-        """Until ``count`` workers wrote their records whole: a file is there, empty, from the
-        worker's ``open`` until its ``json.dump`` is done."""
-        wait_for(lambda: len(self._whole_records()) >= count, f"{count} worker records")
-        return self.records()
-
-    def _whole_records(self) -> list[dict[str, Any]]:
+        """The records the workers wrote whole: a file is there, empty, from a worker's ``open``
+        until its ``json.dump`` is done."""
         whole = []
         for path in sorted(self.out_dir.glob("*.json")):
             with contextlib.suppress(json.JSONDecodeError):
                 whole.append(json.loads(path.read_text()))
         return whole
+
+    def wait_for_records(self, count: int) -> list[dict[str, Any]]:
+        wait_for(lambda: len(self.records()) >= count, f"{count} worker records")
+        return self.records()
 
     def worker_pids(self) -> list[int]:
         return [record["pid"] for record in self.records() if "pid" in record]
