@@ -7,7 +7,7 @@ only when called.
 
 from typing import Any
 
-from xlarun.errorfile import record
+from xlarun.contract import record
 
 __version__ = "0.1.0"
 

@@ -14,6 +14,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from xlarun.contract import RUN_PATH_BOOTSTRAP
 from xlarun.exceptions import InvalidValue
 
 DEFAULT_MASTER_PORT = 29500
@@ -117,31 +118,6 @@ def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
     return host, port
 
 
-RUN_PATH_BOOTSTRAP = """\
-import runpy, sys
-
-def leave():
-    # Join the process groups' threads while the interpreter still runs: a gloo thread that wants
-    # the GIL during finalisation is killed inside C++ and aborts the process (exit code 134).
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
-
-sys.argv = sys.argv[1:]
-try:
-    runpy.run_path(sys.argv[0], run_name="__main__")
-except SystemExit as end:
-    if not end.code:
-        leave()
-    raise
-leave()
-"""
-"""What ``--run-path`` runs: the script through ``runpy.run_path`` in a fresh interpreter, as
-torchrun runs it in a multiprocessing child. torchrun's child waits at the end until every local
-worker has returned, so no peer has gone while the group's threads still run; a script that
-ends without destroying its process group survives that. Here the group is destroyed once the
-script has ended well, which the way out then no longer races."""
-
 TORCH_TRUE_WORDS = ("1", "true", "t", "yes", "y")
 TORCH_FALSE_WORDS = ("0", "false", "f", "no", "n")
 """How torch's rendezvous parameters read a boolean (``RendezvousParameters.get_as_bool``), any case."""
@@ -163,7 +139,7 @@ class WorkerCommand:
         if self.no_python:
             return [self.script, *args]
         if self.run_path:
-            return [self.python, "-u", "-c", RUN_PATH_BOOTSTRAP, self.script, *args]
+            return [self.python, "-u", RUN_PATH_BOOTSTRAP, self.script, *args]
         return [self.python, "-u", *(["-m"] if self.module else []), self.script, *args]
 
 

@@ -80,7 +80,7 @@ def test_traceback_comes_from_the_error_file_of_a_recorded_main(tmp_path: Path, 
     assert "\n  RuntimeError: boom from the worker\n" in text
     # From the error file, not from what the worker printed before.
     assert "progress line" not in text
-    assert launcher_frames(result.stderr, allowed=("errorfile.py",)) == []
+    assert launcher_frames(result.stderr, allowed=("contract.py",)) == []
 
 
 @pytest.mark.parametrize("redirect", [[], ["--redirects", "2"]], ids=["console", "redirected"])

@@ -23,7 +23,7 @@ from xlarun.exceptions import UsageError
 from xlarun.planning import packages
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import XlaOptions, neuron, xla_env
-from xlarun.runtimes.releases import NEWEST, SUPPORTED, xla_init_break
+from xlarun.runtimes.releases import NEWEST, SUPPORTED, release_of, xla_init_break
 
 HOSTS = TESTS / "fixtures" / "hosts"
 
@@ -107,8 +107,8 @@ def test_xpu_needs_its_plugin(version: str, refused: bool) -> None:
 
 
 def test_the_release_is_read_from_metadata_and_the_newest_is_planned_without_torch_xla() -> None:
-    assert packages.release_of("2.5.1+libtpu") == (2, 5)
-    assert packages.release_of(None) == NEWEST == SUPPORTED[-1]
+    assert release_of("2.5.1+libtpu") == (2, 5)
+    assert release_of(None) == NEWEST == SUPPORTED[-1]
 
 
 @pytest.mark.parametrize("release, device, spmd, local_processes, breaks", [

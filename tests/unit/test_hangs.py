@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from xlarun.cli.stacks import stacks_request
+from xlarun.contract import HOOK_DIRECTORY, STACKS_SIGNAL, STACKS_VARIABLE, hook_variables
 from xlarun.exceptions import UsageError
 from xlarun.host import oom
-from xlarun.stackdump import HOOK_DIRECTORY, STACKS_SIGNAL, STACKS_VARIABLE, hook_variables
 from xlarun.supervision.hangs import HangWatch, Verdict
 from xlarun.supervision.relay import StepLog, StreamPlan, StreamRelay, step_log_on
 from xlarun.supervision.stacks import UNKNOWN, describe_positions, main_thread, rank_ranges, where

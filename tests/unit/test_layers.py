@@ -26,7 +26,8 @@ MAY_IMPORT = {
     "rendezvous": {"leaf", "host", "rendezvous"},
     "planning": {"leaf", "host", "runtimes", "planning"},
     "supervision": {"leaf", "host", "rendezvous", "supervision"},
-    "worker": {"leaf", "host", "runtimes", "planning", "worker"},
+    # Workers run no plan: what they share with the launcher is the contract, a leaf (xlarun.contract).
+    "worker": {"leaf", "host", "runtimes", "worker"},
     "cli": {"api", "leaf", "host", "runtimes", "rendezvous", "planning", "supervision", "cli"},
     # The package itself: xlarun.record, and the worker helpers loaded on first use.
     "api": {"leaf", "worker"},
@@ -99,6 +100,15 @@ def test_the_worker_group_loads_neither_the_option_table_nor_a_runtime() -> None
     assert "xlarun.supervision.group" in loaded
     assert len(loaded) <= 12, loaded
     assert [name for name in loaded if name.startswith(("xlarun.cli", "xlarun.runtimes", "xlarun.planning"))] == []
+
+
+def test_a_worker_loads_no_planning_module() -> None:
+    # What a worker shares with the launcher is the contract (xlarun.contract), not the launcher's plan.
+    loaded = subprocess.run([sys.executable, "-c", "import sys, xlarun.worker\n"
+                             "print(*sorted(m for m in sys.modules if m.startswith('xlarun')))"],
+                            capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    assert "xlarun.worker" in loaded and "xlarun.contract" in loaded
+    assert [name for name in loaded if name.startswith(("xlarun.planning", "xlarun.cli", "xlarun.supervision"))] == []
 
 
 FLAG_CALL = re.compile(r"\bflag\(['\"]([a-z_]+)['\"]\)")

@@ -101,7 +101,7 @@ def test_torchs_reader_understands_the_file(tmp_path: Path, monkeypatch: pytest.
                          ids=["list", "number", "null", "extra not a dict", "timestamp not a number"])
 def test_an_error_file_of_any_shape_is_read_without_failing(tmp_path: Path, message: object) -> None:
     """A worker may write anything under ``message``; the report still comes, with what it wrote."""
-    from xlarun.errorfile import read_error_file
+    from xlarun.contract import read_error_file
 
     path = tmp_path / "error.json"
     path.write_text(json.dumps({"message": message}))

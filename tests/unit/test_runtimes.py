@@ -10,7 +10,7 @@ from xlarun.exceptions import UsageError
 from xlarun.host.ports import host_port
 from xlarun.planning import packages
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import XlaOptions, apply_user_precedence, coordinator_port, tpu, xla_env
+from xlarun.runtimes import XlaOptions, apply_user_precedence, coordinator_port, releases, tpu, xla_env
 from xlarun.runtimes.tpu import TpuTopology
 
 MASTER_PORT = 29500
@@ -360,14 +360,14 @@ def test_resolve_runtime(requested, xla_version, runtime):
 
 
 def test_installed_version_reads_metadata():
-    assert packages.installed_version("pytest") is not None
-    assert packages.installed_version("no-such-distribution-xlarun") is None
+    assert releases.installed_version("pytest") is not None
+    assert releases.installed_version("no-such-distribution-xlarun") is None
 
 
 def test_major_minor():
-    assert packages.major_minor("2.10.0a0+git1234") == (2, 10)
+    assert releases.major_minor("2.10.0a0+git1234") == (2, 10)
     with pytest.raises(UsageError):
-        packages.major_minor("nightly")
+        releases.major_minor("nightly")
 
 
 def test_preflight_accepts_matching_pair():

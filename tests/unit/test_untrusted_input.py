@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import free_port, prepare, refusal
 
-from xlarun.errorfile import MAX_ERROR_FILE_BYTES, read_error_file
+from xlarun.contract import MAX_ERROR_FILE_BYTES, read_error_file
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import NOT_AVAILABLE, FailureRecord
 from xlarun.supervision.group import WorkerResult

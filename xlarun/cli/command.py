@@ -23,10 +23,10 @@ from xlarun import __version__
 from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
 from xlarun.cli.stacks import print_stacks, stacks_request
 from xlarun.console import flush_consoles, say
+from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
 from xlarun.host.devices import HOST_ROOT_VARIABLE
-from xlarun.planning.environment import LAUNCHED_MARKER
 
 HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"

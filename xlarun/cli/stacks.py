@@ -2,7 +2,7 @@
 
 PID is the launcher's; without it, the only launch on this host that this user can see. Each
 worker's Python writes its stacks (every thread's) to its ``stacks.txt`` when signalled
-(:mod:`xlarun.stackdump`), so this needs neither ptrace rights nor a change to the script.
+(:mod:`xlarun.contract`), so this needs neither ptrace rights nor a change to the script.
 """
 
 from __future__ import annotations

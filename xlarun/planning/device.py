@@ -32,17 +32,10 @@ from xlarun.host.devices import (
     tpu_chip_id,
     tpu_generation,
 )
-from xlarun.planning.packages import (
-    FIRST_WITH_CUDA_NAME,
-    FIRST_WITHOUT_CUDA,
-    installed_version,
-    major_minor,
-    preflight,
-    release_of,
-    resolve_runtime,
-)
+from xlarun.planning.packages import FIRST_WITH_CUDA_NAME, FIRST_WITHOUT_CUDA, preflight, resolve_runtime
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import NATIVE_RUNTIMES, XlaOptions, apply_user_precedence, neuron, torchtpu, tpu, xla_env
+from xlarun.runtimes.releases import installed_version, major_minor, release_of
 
 
 @dataclass(frozen=True)

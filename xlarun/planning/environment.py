@@ -12,22 +12,17 @@ import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING
 
+from xlarun.contract import ERROR_FILE_VARIABLE, LAUNCHED_MARKER, STEP_LOG_VARIABLE, hook_variables, stacks_file
 from xlarun.exceptions import PlanError
 from xlarun.flags import flag
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import local_rank_reader
 from xlarun.runtimes.releases import Release
-from xlarun.stackdump import hook_variables, stacks_file
 
 if TYPE_CHECKING:
-    # Annotations only: the worker imports this module for LAUNCHED_MARKER.
     from xlarun.config import LaunchConfig
     from xlarun.planning.device import DevicePlan
 
-LAUNCHED_MARKER = "XLARUN_LAUNCHED"
-"""Set to ``1`` in every worker xlarun starts; :func:`xlarun.is_launched` reads it."""
-
-STEP_LOG_VARIABLE = "XLA_EMIT_STEPLOG"
 TORCH_XLA_RUNTIMES = ("pjrt", "xrt")
 
 SIGNALS_VARIABLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
@@ -70,7 +65,7 @@ def contract_env(node: NodeAssignment, local_rank: int, *, config: LaunchConfig,
         "TORCHELASTIC_RUN_ID": node.run_id,
         "TORCHELASTIC_USE_AGENT_STORE": str(node.agent_store),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
-        "TORCHELASTIC_ERROR_FILE": error_file,
+        ERROR_FILE_VARIABLE: error_file,
         LAUNCHED_MARKER: "1",
     }
     omp = omp_threads_default(node.local_world_size, environ)

@@ -9,13 +9,19 @@ callers (and tests) can plan for packages this Python does not have.
 from __future__ import annotations
 
 import os
-import re
-import sys
 from collections.abc import Callable, Mapping
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes import NATIVE_RUNTIMES
-from xlarun.runtimes.releases import NEWEST, SUPPORTED, TPU_GENERATION_FIRST_RELEASE, XPU_FIRST_RELEASE, Release
+from xlarun.runtimes.releases import (
+    FIRST_WITHOUT_XRT,
+    SUPPORTED,
+    TPU_GENERATION_FIRST_RELEASE,
+    XPU_FIRST_RELEASE,
+    Release,
+    installed_version,
+    major_minor,
+)
 
 RUNTIMES = ("auto", "pjrt", "xrt", *NATIVE_RUNTIMES)
 
@@ -26,55 +32,12 @@ legacy PyTorch/XLA library, which needs torch_xla: without torch_xla it is the n
 VersionLookup = Callable[[str], str | None]
 """Maps a distribution name to its installed version string, or None when absent."""
 
-FIRST_WITHOUT_XRT = (2, 1)
 FIRST_WITH_CUDA_NAME = (2, 2)
 FIRST_WITHOUT_CUDA = (2, 9)
 
 LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
 """The packages that carry libtpu (``torch_xla[tpu]`` installs ``libtpu``); a ``+libtpu`` build of
 torch_xla bundles its own."""
-
-_LEADING_MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
-
-
-def installed_version(distribution: str) -> str | None:
-    """The installed version of ``distribution`` (e.g. ``"2.9.0+cpu"``), or None.
-
-    Reads the first ``<name>-<version>.dist-info`` folder on ``sys.path``, as the import
-    system would find the package; names compare as packaging normalises them.
-    """
-    wanted = _normalised(distribution)
-    for entry in sys.path:
-        try:
-            names = os.listdir(entry or ".")
-        except OSError:
-            continue
-        for name in names:
-            if not name.endswith(".dist-info"):
-                continue
-            project, _, version = name[: -len(".dist-info")].partition("-")
-            if version and _normalised(project) == wanted:
-                return version
-    return None
-
-
-def _normalised(name: str) -> str:
-    return re.sub(r"[-_.]+", "_", name).lower()
-
-
-def major_minor(version: str) -> tuple[int, int]:
-    """``(X, Y)`` of a version string such as ``2.9.0``, ``2.1.0+libtpu`` or ``2.10.0a0+git1``."""
-    match = _LEADING_MAJOR_MINOR.match(version)
-    if not match:
-        raise PlanError(f"cannot read a version number from {version!r}: expected X.Y[.Z...]")
-    return int(match.group(1)), int(match.group(2))
-
-
-def release_of(torch_xla_version: str | None) -> Release:
-    """The release ``(X, Y)`` of a torch_xla version; the newest supported where none is installed
-    (a dry run plans for another machine)."""
-    return NEWEST if torch_xla_version is None else major_minor(torch_xla_version)
-
 
 def supported_releases_text() -> str:
     """The supported releases in words, for refusals."""

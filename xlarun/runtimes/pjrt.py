@@ -9,8 +9,8 @@ They are left out on CPU: PJRT's CPU client makes every process a world of its o
 (global ordinal 0 of 1), and a local ordinal of 1 of 2 beside that would contradict it
 (``xm.is_master_ordinal()`` false in a world of one, so ``xm.save`` writes nothing).
 
-``SPMD_MARKER`` tells the worker-side helpers that the launch asked for SPMD. torch_xla
-2.1 and later deprecate ``XLA_USE_SPMD`` in favour of ``torch_xla.runtime.use_spmd()`` in
+:data:`~xlarun.contract.SPMD_MARKER` tells the worker-side helpers that the launch asked for
+SPMD. torch_xla 2.1 and later deprecate ``XLA_USE_SPMD`` in favour of ``torch_xla.runtime.use_spmd()`` in
 the program, so xlarun sets that variable only where a release's own set-up reads it before
 the program can run (Neuron, see :mod:`~xlarun.runtimes.neuron`).
 """
@@ -19,13 +19,12 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from xlarun.contract import SPMD_MARKER
 from xlarun.host.devices import pjrt_device_name
 
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions
-
-SPMD_MARKER = "XLARUN_SPMD"
 
 PLUGIN_LOCAL_RANK_READER = "the PJRT plugin takes the device at PJRT_LOCAL_PROCESS_RANK among those it sees"
 """Why ``--virtual-local-rank`` does not fit a device of a PJRT plugin with no set-up of its own (XPU):

@@ -10,14 +10,20 @@ Usage::
 
     xla_init_break((2, 5), "neuron", spmd=False, local_processes=1)   # why xla:// fails there, or None
 
-``release_of(installed_version("torch_xla"))`` (:mod:`xlarun.planning.packages`) gives the installed
-release (the newest supported where none is installed). This module imports nothing else of
-xlarun, so the package checks and the worker can read it cheaply.
+``release_of(installed_version("torch_xla"))`` gives the installed release (the newest supported
+where none is installed), read from the package metadata without importing torch_xla. Beside
+:mod:`xlarun.exceptions`, this module imports nothing of xlarun, so the package checks
+(:mod:`xlarun.planning.packages`) and the worker can read it cheaply.
 """
 
 from __future__ import annotations
 
+import os
+import re
+import sys
 from dataclasses import dataclass
+
+from xlarun.exceptions import PlanError
 
 Release = tuple[int, int]
 
@@ -26,6 +32,9 @@ SUPPORTED: tuple[Release, ...] = ((2, 1), (2, 2), (2, 3), (2, 4), (2, 5), (2, 6)
 
 NEWEST: Release = SUPPORTED[-1]
 """The release a plan assumes where no torch_xla is installed (a dry run for another machine)."""
+
+FIRST_WITHOUT_XRT: Release = (2, 1)
+"""The first release without XRT: older ones run XRT only."""
 
 XLA_INIT_PINS_ONE_LOCAL_PROCESS: Release = (2, 4)
 """From this release, ``xla://`` makes a lone local process a one-chip world
@@ -87,3 +96,45 @@ XLA_INIT_BREAKS: tuple[XlaInitBreak, ...] = (
 def xla_init_break(release: Release, device: str, *, spmd: bool, local_processes: int) -> XlaInitBreak | None:
     """The reason ``xla://`` would misconfigure this worker on ``release``, or None where it works."""
     return next((case for case in XLA_INIT_BREAKS if case.applies(release, device, spmd, local_processes)), None)
+
+
+_LEADING_MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
+
+
+def installed_version(distribution: str) -> str | None:
+    """The installed version of ``distribution`` (e.g. ``"2.9.0+cpu"``), or None.
+
+    Reads the first ``<name>-<version>.dist-info`` folder on ``sys.path``, as the import
+    system would find the package; names compare as packaging normalises them.
+    """
+    wanted = _normalised(distribution)
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:
+            continue
+        for name in names:
+            if not name.endswith(".dist-info"):
+                continue
+            project, _, version = name[: -len(".dist-info")].partition("-")
+            if version and _normalised(project) == wanted:
+                return version
+    return None
+
+
+def _normalised(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def major_minor(version: str) -> tuple[int, int]:
+    """``(X, Y)`` of a version string such as ``2.9.0``, ``2.1.0+libtpu`` or ``2.10.0a0+git1``."""
+    match = _LEADING_MAJOR_MINOR.match(version)
+    if not match:
+        raise PlanError(f"cannot read a version number from {version!r}: expected X.Y[.Z...]")
+    return int(match.group(1)), int(match.group(2))
+
+
+def release_of(torch_xla_version: str | None) -> Release:
+    """The release ``(X, Y)`` of a torch_xla version; the newest supported where none is installed
+    (a dry run plans for another machine)."""
+    return NEWEST if torch_xla_version is None else major_minor(torch_xla_version)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from xlarun.contract import XRT_DEVICE_KINDS, XRT_TASK_JOB
 from xlarun.exceptions import PlanError
-from xlarun.xrtnames import XRT_DEVICE_KINDS, XRT_TASK_JOB
 
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment

@@ -26,11 +26,11 @@ from typing import Any, TypeVar
 
 from xlarun.config import LaunchConfig
 from xlarun.console import console, say
+from xlarun.contract import STACKS_FILE
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord, signal_name
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import JobEnded, NodeStacks, Rendezvous
-from xlarun.stackdump import STACKS_FILE
 from xlarun.supervision.group import GroupOutcome, Hang, WorkerGroup, WorkerResult
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.logs import make_run_log_dir, plan_attempt_logs, plan_worker_logs

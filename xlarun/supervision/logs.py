@@ -22,9 +22,9 @@ from collections.abc import Mapping
 from string import Template
 
 from xlarun.config import STDERR, STDOUT, LaunchConfig
+from xlarun.contract import stacks_file
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
-from xlarun.stackdump import stacks_file
 from xlarun.supervision.relay import MatchingLines, StreamPlan, WorkerLogPlan
 
 FILTERED_LOGS = {STDOUT: "filtered_stdout.log", STDERR: "filtered_stderr.log"}

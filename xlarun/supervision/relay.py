@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import BinaryIO
 
 from xlarun.console import ConsoleWriter, console, say
+from xlarun.contract import STEP_LOG_VARIABLE
 
 TAIL_LINES = 20
 # A worker that never ends a line (progress bars) still gets its text out in bounded pieces.
@@ -56,7 +57,7 @@ class WorkerLogPlan:
     stdout: StreamPlan
     stderr: StreamPlan
     stacks_file: str = ""
-    """Where the worker's Python writes its stacks when asked (:mod:`xlarun.stackdump`)."""
+    """Where the worker's Python writes its stacks when asked (:mod:`xlarun.contract`)."""
 
 
 LINE_END = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
@@ -135,7 +136,7 @@ def step_log_on(environ: Mapping[str, str]) -> bool:
     """Whether torch_xla prints its step log in a process with this environment (it reads the
     variable as ``bool(int(value))``)."""
     try:
-        return bool(int(environ.get("XLA_EMIT_STEPLOG", "0")))
+        return bool(int(environ.get(STEP_LOG_VARIABLE, "0")))
     except ValueError:
         return False
 

@@ -22,7 +22,7 @@ from datetime import datetime
 from typing import Any
 
 from xlarun.console import say
-from xlarun.errorfile import read_error_file
+from xlarun.contract import read_error_file
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
 from xlarun.supervision.group import WorkerResult
 

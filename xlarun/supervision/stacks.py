@@ -6,7 +6,7 @@ Usage::
     positions = {rank: where(text) for rank, text in dumps.items()}
     say(describe_positions(positions))   # rank 2: load_batch (train.py:11) · ranks 0-1,3: all_reduce (train.py:20)
 
-A worker's Python armed :mod:`faulthandler` at start (:mod:`xlarun.stackdump`); a dump is one
+A worker's Python armed :mod:`faulthandler` at start (:mod:`xlarun.contract`); a dump is one
 signal to it and a read of what it appended to its file. No ptrace is involved, so this works
 where py-spy is refused (Docker without SYS_PTRACE, Kubernetes' restricted pods, Yama's
 ``ptrace_scope=1``). :func:`launch_workers` finds the workers of a running launch for
@@ -24,8 +24,8 @@ import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from xlarun.contract import STACKS_SIGNAL, STACKS_VARIABLE
 from xlarun.host.procfs import process_stats, started_environ
-from xlarun.stackdump import STACKS_SIGNAL, STACKS_VARIABLE
 
 DUMP_WAIT = 3.0
 """How long a dump may take to appear: the handler writes it at once, unless the process is stopped."""
@@ -49,7 +49,7 @@ class StackTarget:
 
 
 def is_armed(pid: int) -> bool:
-    """Whether the process catches :data:`~xlarun.stackdump.STACKS_SIGNAL` (its ``SigCgt`` mask says so)."""
+    """Whether the process catches :data:`~xlarun.contract.STACKS_SIGNAL` (its ``SigCgt`` mask says so)."""
     try:
         with open(f"/proc/{pid}/status", "rb") as status:
             for line in status:

@@ -11,11 +11,9 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
+from xlarun.contract import LAUNCHED_MARKER, SPMD_MARKER
 from xlarun.host.devices import resolve_device
-from xlarun.planning.environment import LAUNCHED_MARKER
-from xlarun.planning.packages import installed_version, release_of
-from xlarun.runtimes.pjrt import SPMD_MARKER
-from xlarun.runtimes.releases import xla_init_break
+from xlarun.runtimes.releases import installed_version, release_of, xla_init_break
 from xlarun.worker import xrt
 
 TORCH_VIEW = "torch.distributed"

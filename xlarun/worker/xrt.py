@@ -26,8 +26,9 @@ import os
 from collections.abc import MutableMapping, Sequence
 from typing import TYPE_CHECKING
 
+from xlarun.contract import XRT_DEVICE_KINDS, XRT_TASK_JOB
 from xlarun.host.ports import address_facing, free_port, host_port
-from xlarun.xrtnames import XRT_DEVICE_KINDS, XRT_TASK_JOB
+from xlarun.runtimes.releases import FIRST_WITHOUT_XRT, installed_version, major_minor
 
 if TYPE_CHECKING:
     import torch.distributed
@@ -86,8 +87,6 @@ def torch_xla_has_xrt() -> bool:
 
     Reads package metadata only, so neither torch nor torch_xla is imported.
     """
-    from xlarun.planning.packages import FIRST_WITHOUT_XRT, installed_version, major_minor
-
     version = installed_version("torch_xla")
     return version is not None and major_minor(version) < FIRST_WITHOUT_XRT
 

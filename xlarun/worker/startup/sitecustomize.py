@@ -1,4 +1,4 @@
-"""Arms a worker's stack dump at interpreter start; see :mod:`xlarun.stackdump`.
+"""Arms a worker's stack dump at interpreter start; see :mod:`xlarun.contract`.
 
 This directory is put first on the worker's ``PYTHONPATH`` by the launcher and holds nothing but
 this module, which imports nothing of xlarun: the worker's Python may be another than the launcher's.

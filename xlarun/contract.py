@@ -1,5 +1,35 @@
-"""torchrun's error file: written by a worker's ``@record`` main, read by the failure report.
+"""The launcher↔worker contract: what the launcher hands a worker and what either side reads back.
 
+Both sides import this module: the launcher (:mod:`xlarun.planning.environment`,
+:mod:`xlarun.runtimes`, :mod:`xlarun.supervision`) to write a worker's environment and read what it
+left, the worker (:mod:`xlarun.worker`, :func:`xlarun.record`) to read that environment and leave
+its records. It imports nothing else of xlarun, so a worker pays for none of the launcher's code.
+Its parts, each a section below:
+
+**Markers.** :data:`LAUNCHED_MARKER` and :data:`SPMD_MARKER` tell a worker that xlarun started it
+and what for; :data:`STEP_LOG_VARIABLE` switches torch_xla's step log on, which the launcher reads.
+
+**The ``--run-path`` bootstrap.** :data:`RUN_PATH_BOOTSTRAP`, the file a ``--run-path`` worker's
+Python runs before the script (:mod:`xlarun.worker.run_path`).
+
+**The stack-dump hook.** Every worker's Python arms :mod:`faulthandler` for :data:`STACKS_SIGNAL`
+before the script runs, without a change to the script: the launcher puts :data:`HOOK_DIRECTORY`,
+which holds only a ``sitecustomize`` module, first on the worker's ``PYTHONPATH`` and names the
+dump file in :data:`STACKS_VARIABLE`. The hook then
+
+- registers ``faulthandler`` for the signal with ``all_threads=True``: on the signal, the C-level
+  handler writes every thread's Python stack to the file, without the GIL and while the main
+  thread is blocked in a C call (a collective, a lock, a read), and the process goes on;
+- gives the worker its environment and ``sys.path`` back as they were (``PYTHONPATH`` restored,
+  the variable removed, so the worker's own children do not arm), and hands over to the
+  ``sitecustomize`` it shadows, if there is one.
+
+A real-time signal keeps clear of SIGUSR1 and SIGUSR2, which the launcher forwards to the
+workers. Its default action ends a process, so the launcher sends it only to a process whose
+``/proc/<pid>/status`` says it catches it (:func:`xlarun.supervision.stacks.is_armed`); a worker
+that did not arm (``--no-python``, ``python -I`` or ``-S``) is never sent it.
+
+**The error file**, torchrun's: written by a worker's ``@record`` main, read by the failure report.
 Usage in a training script::
 
     import xlarun
@@ -15,6 +45,11 @@ On an uncaught exception the decorator writes ``TORCHELASTIC_ERROR_FILE`` in tor
 JSON format (so torchrun reads it too) and re-raises. torch's own
 ``torch.distributed.elastic.multiprocessing.errors.record`` writes the same file and
 xlarun reads either.
+
+**XRT's names** (torch_xla 2.0 and older), which the launcher and the worker must spell alike:
+the launcher (:mod:`xlarun.runtimes.xrt`) gives each worker its own task and device; the worker
+(:mod:`xlarun.worker.xrt`) builds the lists naming every task and device. Both halves describe
+one cluster, so they read their names from here.
 """
 
 from __future__ import annotations
@@ -23,11 +58,60 @@ import functools
 import json
 import math
 import os
+import signal
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
+
+PACKAGE_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
+
+# --- markers ---------------------------------------------------------------------------------------
+
+LAUNCHED_MARKER = "XLARUN_LAUNCHED"
+"""Set to ``1`` in every worker xlarun starts; :func:`xlarun.is_launched` reads it."""
+
+SPMD_MARKER = "XLARUN_SPMD"
+"""Set to ``1`` where the launch asked for SPMD (:mod:`xlarun.runtimes.pjrt`); the worker's
+:func:`xlarun.init_process_group` then switches SPMD on if the program has not."""
+
+STEP_LOG_VARIABLE = "XLA_EMIT_STEPLOG"
+"""torch_xla's own switch for its step log: the launcher sets it for a watched launch where the
+user did not, and reads the worker's stderr for the log's lines where it is on."""
+
+# --- the --run-path bootstrap ----------------------------------------------------------------------
+
+RUN_PATH_BOOTSTRAP = os.path.join(PACKAGE_DIRECTORY, "worker", "run_path.py")
+"""What a ``--run-path`` worker's Python runs, the script and its arguments after it
+(:class:`xlarun.config.WorkerCommand`); it imports nothing of xlarun, as the worker's Python may
+be another than the launcher's."""
+
+# --- the stack-dump hook ---------------------------------------------------------------------------
+
+STACKS_VARIABLE = "XLARUN_STACKS"
+"""``<signal number>:<path of the dump file>``, read by the hook once, at interpreter start."""
+STACKS_SIGNAL = signal.SIGRTMIN + 6
+STACKS_FILE = "stacks.txt"
+"""The dump file's name in the worker's log directory (``attempt_<n>/<local_rank>/``)."""
+HOOK_DIRECTORY = os.path.join(PACKAGE_DIRECTORY, "worker", "startup")
+"""Holds only the hook, ``sitecustomize.py``: anything beside it would be importable by every worker."""
+
+
+def stacks_file(worker_log_directory: str) -> str:
+    """Where a worker's dump goes: beside its error file, in its log directory."""
+    return os.path.join(worker_log_directory, STACKS_FILE)
+
+
+def hook_variables(stacks_file: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """What a worker gets so that its Python arms the dump to ``stacks_file`` (``environ``: the
+    launcher's own, whose ``PYTHONPATH`` comes after the hook's directory and is restored by it)."""
+    inherited = environ.get("PYTHONPATH")
+    path = HOOK_DIRECTORY if inherited is None else HOOK_DIRECTORY + os.pathsep + inherited
+    return {STACKS_VARIABLE: f"{int(STACKS_SIGNAL)}:{stacks_file}", "PYTHONPATH": path}
+
+
+# --- the error file --------------------------------------------------------------------------------
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -151,3 +235,17 @@ def _read_regular_file(path: str) -> tuple[bytes, float] | None:
         except OSError:
             return None
     return (content, status.st_mtime) if len(content) <= MAX_ERROR_FILE_BYTES else None
+
+
+# --- XRT's names ----------------------------------------------------------------------------------
+
+XRT_TASK_JOB = "localservice"
+"""The job every XRT task belongs to, as torch_xla's own launcher names it."""
+
+XRT_DEVICE_KINDS = {"cuda": "GPU", "cpu": "CPU"}
+"""XRT's device kind for each xlarun device that runs under XRT.
+
+torch_xla 2.0's own torchrun support covered GPU; XRT on CPU uses the same per-process
+variables. These kinds are the ones ``XRT_WORKERS`` and ``XRT_DEVICE_MAP`` describe;
+TPU and Neuron use ``XRT_TPU_CONFIG`` instead.
+"""
