@@ -108,6 +108,16 @@ def test_unknown_cluster_is_a_usage_error(flags, env, source):
         f"xlarun: error: {source}='bogus' is invalid: expected one of none, auto, slurm, k8s, gke-tpu, tpu-vm, mpi"]
 
 
+def test_a_refusal_names_the_scheduler_variable_that_set_a_value():
+    # Nobody typed --nnodes: the step's node count did, and the refusal says so.
+    run = run_xlarun("--cluster", "auto", "--standalone", SCRIPT, env=cluster_env("slurm_step_node1"))
+    assert run.returncode == 2
+    assert run.stdout == ""
+    assert run.stderr.splitlines() == [
+        "xlarun: error: --standalone runs a single node, but --nnodes=2 (from --cluster slurm: SLURM_STEP_NUM_NODES): "
+        "drop one of them"]
+
+
 def test_cluster_settings_that_do_not_fit_are_a_usage_error():
     # Two tasks per node would start two agents per node: refused in one line.
     run = run_xlarun("--dry-run", "--cluster", "slurm", SCRIPT, env=cluster_env("slurm_step_two_tasks_per_node"))

@@ -6,7 +6,7 @@ import json
 import re
 
 import pytest
-from helpers import TESTS
+from helpers import TESTS, prepare, refusal
 
 from xlarun.cli.cluster import (
     SLURM_PORT_BASE,
@@ -313,3 +313,70 @@ def test_explicit_kind_on_an_empty_environment_names_its_variables():
     for kind in [kind for kind in CLUSTER_KINDS[2:] if kind != "tpu-vm"]:
         with pytest.raises(UsageError, match=f"--cluster {kind}: missing "):
             detect_cluster(kind, {})
+
+
+# ---- Where each value came from
+
+@pytest.mark.parametrize("kind, environ, read_from", [
+    ("slurm", fixture("slurm_step_node1"),
+     {"nnodes": "SLURM_STEP_NUM_NODES", "node_rank": "SLURM_NODEID", "master_addr": "SLURM_STEP_NODELIST",
+      "master_port": "SLURM_JOB_ID, SLURM_STEP_ID", "run_id": "SLURM_JOB_ID, SLURM_STEP_ID"}),
+    ("slurm", fixture("slurm_step_node1", SLURM_STEP_NUM_NODES=None, SLURM_JOB_ID=None, SLURM_STEP_ID=None),
+     {"nnodes": "SLURM_NNODES", "node_rank": "SLURM_NODEID", "master_addr": "SLURM_STEP_NODELIST",
+      "master_port": "SLURM_JOBID, SLURM_STEPID", "run_id": "SLURM_JOBID, SLURM_STEPID"}),
+    # Outside a step the job's one node is node 0: its node count says so.
+    ("slurm", fixture("slurm_batch_one_node"),
+     {"nnodes": "SLURM_JOB_NUM_NODES", "node_rank": "SLURM_JOB_NUM_NODES", "master_addr": "SLURM_JOB_NODELIST",
+      "master_port": "SLURM_JOB_ID", "run_id": "SLURM_JOB_ID"}),
+    ("k8s", fixture("k8s_pytorchjob_worker1"),
+     {"nnodes": "PET_NNODES", "node_rank": "PET_NODE_RANK", "master_addr": "PET_MASTER_ADDR",
+      "master_port": "PET_MASTER_PORT", "nproc_per_node": "PET_NPROC_PER_NODE"}),
+    ("k8s", fixture("k8s_pytorchjob_master"),
+     {"nnodes": "PET_NNODES", "node_rank": "PET_NODE_RANK", "master_addr": "HOSTNAME",
+      "master_port": "PET_MASTER_PORT", "nproc_per_node": "PET_NPROC_PER_NODE"}),
+    ("k8s", fixture("k8s_pytorchjob_legacy_worker0"),
+     {"nnodes": "WORLD_SIZE", "node_rank": "RANK", "master_addr": "MASTER_ADDR", "master_port": "MASTER_PORT"}),
+    ("gke-tpu", fixture("gke_tpu_worker1"),
+     {"nnodes": "TPU_WORKER_HOSTNAMES", "node_rank": "TPU_WORKER_ID", "master_addr": "TPU_WORKER_HOSTNAMES"}),
+    ("mpi", fixture("mpi_npernode1_rank1"),
+     {"nnodes": "OMPI_COMM_WORLD_SIZE", "node_rank": "OMPI_COMM_WORLD_RANK", "run_id": "PMIX_NAMESPACE"}),
+    ("mpi", fixture("mpi_npernode1_rank1", PMIX_NAMESPACE=None, OMPI_MCA_ess_base_jobid=None),
+     {"nnodes": "OMPI_COMM_WORLD_SIZE", "node_rank": "OMPI_COMM_WORLD_RANK"}),
+])
+def test_each_value_names_the_variable_it_was_read_from(kind, environ, read_from):
+    settings = detect_cluster(kind, environ)
+    assert settings.read_from == read_from
+    # Every field the cluster sets, and only those, says where it came from.
+    fields = {"nnodes", "node_rank", "master_addr", "master_port", "run_id", "nproc_per_node"}
+    assert set(read_from) == {name for name in fields if getattr(settings, name) is not None}
+
+
+def test_k8s_blank_master_address_is_refused():
+    with pytest.raises(UsageError, match=re.escape("--cluster k8s: PET_MASTER_ADDR=' ' names no host")):
+        detect_cluster("k8s", fixture("k8s_pytorchjob_worker1", PET_MASTER_ADDR=" "))
+
+
+def test_a_refusal_names_the_scheduler_variable_behind_a_value():
+    message = refusal("--cluster", "auto", "--standalone", "t.py", env=fixture("slurm_step_node1"))
+    assert message == ("--standalone runs a single node, but --nnodes=2 (from --cluster slurm: SLURM_STEP_NUM_NODES):"
+                       " drop one of them")
+    message = refusal("--cluster", "slurm", "--nnodes", "1", "t.py", env=fixture("slurm_step_node1"))
+    assert message == "--node-rank=1 (from --cluster slurm: SLURM_NODEID) is out of range: with --nnodes=1 it must be 0..0"
+
+
+@pytest.mark.parametrize("flags, env, expected", [
+    # The scheduler wins over the PET_* variables ...
+    ((), {"PET_NNODES": "3", "PET_NODE_RANK": "2", "PET_MASTER_PORT": "1234", "PET_RDZV_ID": "pet"},
+     (2, 1, "n1", slurm_master_port(5, 1), "5.1")),
+    # ... and an explicit flag over the scheduler.
+    (("--nnodes", "3", "--node-rank", "2", "--master-addr", "a", "--master-port", "1234", "--rdzv-id", "mine"), {},
+     (3, 2, "a", 1234, "mine")),
+])
+def test_the_scheduler_stands_between_the_flags_and_the_pet_variables(flags, env, expected):
+    config = prepare("--cluster", "slurm", *flags, "t.py", env={**fixture("slurm_step_node1"), **env}).config
+    assert (config.max_nodes, config.node_rank, config.master_addr, config.master_port, config.rdzv_id) == expected
+
+
+def test_a_pet_variable_the_scheduler_leaves_alone_still_counts():
+    environ = fixture("slurm_step_node1", PET_NPROC_PER_NODE="3")
+    assert prepare("--cluster", "slurm", "t.py", env=environ).config.nproc_per_node == 3

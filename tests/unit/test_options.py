@@ -145,6 +145,21 @@ def test_a_flag_wins_over_its_variable() -> None:
     assert (values["max_restarts"], values.source("max_restarts")) == (1, "--max-restarts")
 
 
+def test_the_scheduler_takes_the_place_of_variables_and_defaults_but_not_of_flags() -> None:
+    values = read_options({"node_rank": "1"}, {"PET_NNODES": "3", "PET_MASTER_PORT": "1234"})
+    said = {"nnodes": ((2, 2), "2", "SLURM_NNODES"), "node_rank": (0, "0", "SLURM_NODEID"),
+            "master_port": (15020, "15020", "SLURM_JOB_ID, SLURM_STEP_ID"), "rdzv_id": ("5.1", "5.1", "SLURM_JOB_ID")}
+    scheduled = values.with_scheduler("slurm", said)
+    assert [scheduled[dest] for dest in ("nnodes", "node_rank", "master_port", "rdzv_id")] == [(2, 2), 1, 15020, "5.1"]
+    assert scheduled.stated("nnodes") == "--nnodes=2 (from --cluster slurm: SLURM_NNODES)"
+    assert scheduled.source("master_port") == "--master-port (from --cluster slurm: SLURM_JOB_ID, SLURM_STEP_ID)"
+    assert scheduled.stated("node_rank") == "--node-rank=1" and scheduled.given("node_rank") == "1"
+    assert scheduled.given("nnodes") is None and scheduled.is_set("nnodes") and scheduled.is_set("rdzv_id")
+    # What the scheduler does not say stays as it was read.
+    assert scheduled.stated("max_restarts") == "--max-restarts=0" and not scheduled.is_set("max_restarts")
+    assert values.stated("nnodes") == "--nnodes=3 (from PET_NNODES)" and values.given("nnodes") is None
+
+
 @pytest.mark.parametrize("argv, expected", [
     (["--nproc_per_n=2", "t.py"], (["--nproc_per_node=2"], "t.py", [])),
     (["--nproc-per-n", "2", "t.py", "--x"], (["--nproc-per-node", "2"], "t.py", ["--x"])),

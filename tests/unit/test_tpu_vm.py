@@ -29,6 +29,16 @@ def test_the_metadata_gives_node_rank_nodes_node_0_and_the_slice() -> None:
         "agent-worker-number", "tpu-env", "worker-network-endpoints"]
 
 
+def test_each_value_names_the_metadata_attribute_it_was_read_from() -> None:
+    with serve_metadata(slice_attributes(1, IPS)) as served:
+        settings = detect_cluster("tpu-vm", {"GCE_METADATA_HOST": served.host})
+        message = refusal("--cluster", "tpu-vm", "--nnodes", "1", "t.py", env={"GCE_METADATA_HOST": served.host})
+    assert settings is not None and settings.read_from == {
+        "nnodes": "worker-network-endpoints", "node_rank": "agent-worker-number",
+        "master_addr": "worker-network-endpoints"}
+    assert message.startswith("--node-rank=1 (from --cluster tpu-vm: agent-worker-number) is out of range")
+
+
 def test_torch_xlas_own_tpu_env_keys_stand_in_for_the_host_bounds() -> None:
     tpu_env = "ACCELERATOR_TYPE: 'v5litepod-16'\nTPU_CHIPS_PER_PROCESS_BOUNDS: '2,2,1'\nTPU_PROCESS_BOUNDS: '2,2,1'\n"
     with serve_metadata(slice_attributes(0, [*IPS, "10.130.0.4", "10.130.0.5"], tpu_env)) as served:

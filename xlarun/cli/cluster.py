@@ -104,6 +104,10 @@ class ClusterSettings:
     ``device_environ`` is what the cluster says of the device, as the variables that would
     say it (``tpu-vm``: the slice's shape, worker number and hosts); the launcher plans with
     them where its environment does not set them, and the workers do not get them.
+    ``read_from`` names, by field, where each field that is set was read: a variable
+    (``SLURM_STEP_NUM_NODES``), a metadata attribute (``tpu-vm``), or the variables a field is
+    computed from (Slurm's port and run id). It is not compared: two readings that agree on
+    the node's place are the same settings.
     """
 
     kind: str
@@ -114,6 +118,7 @@ class ClusterSettings:
     run_id: str | None
     nproc_per_node: int | None = None
     device_environ: Mapping[str, str] = field(default_factory=dict)
+    read_from: Mapping[str, str] = field(default_factory=dict, compare=False)
 
     def resolve_master_addr(self, explicit_master_addr: str | None) -> str:
         """Node 0's address: the one given on the command line, else the cluster's.
@@ -158,6 +163,9 @@ def slurm_master_port(job_id: int, step_id: int) -> int:
     return SLURM_PORT_BASE + SLURM_PORT_BLOCK * block
 
 
+_SLURM_STEP_ID_NAMES = ("SLURM_STEP_ID", "SLURM_STEPID")
+
+
 def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
     in_step = _present(environ, "SLURM_STEP_NODELIST")
     if in_step:
@@ -170,19 +178,22 @@ def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
         required = [("SLURM_JOB_ID", "SLURM_JOBID"), node_count_names, nodelist_names]
     _require(environ, "slurm", required, "run xlarun with srun inside a Slurm job")
 
-    _, job_id = _whole_number(environ, "slurm", ("SLURM_JOB_ID", "SLURM_JOBID"))
-    nnodes = _node_count(environ, "slurm", node_count_names)
+    job_id_name, job_id = _whole_number(environ, "slurm", ("SLURM_JOB_ID", "SLURM_JOBID"))
+    nnodes_name, nnodes = _node_count(environ, "slurm", node_count_names)
+    ids = [job_id_name]  # the variables the run id and the master port are computed from
     if not in_step:
         if nnodes > 1:
             raise UsageError(
                 f"{flag('cluster')} slurm: this job has {nnodes} nodes but xlarun runs outside a job step,"
                 f" on one of them; start one per node with `srun --ntasks-per-node=1 xlarun ...`"
                 f" (or use {flag('cluster')} none for a one-node run)")
-        node_rank = 0
+        node_rank_name, node_rank = nnodes_name, 0  # the job's only node
         step_id = None
     else:
-        _, node_rank = _whole_number(environ, "slurm", ("SLURM_NODEID",))
-        step_id = _optional_int(environ, "slurm", ("SLURM_STEP_ID", "SLURM_STEPID"))
+        node_rank_name, node_rank = _whole_number(environ, "slurm", ("SLURM_NODEID",))
+        step_id = _optional_int(environ, "slurm", _SLURM_STEP_ID_NAMES)
+        if step_id is not None:
+            ids.append(_set_name(environ, _SLURM_STEP_ID_NAMES))
         tasks = environ.get("SLURM_STEP_TASKS_PER_NODE", "")
         if tasks and _most_tasks_on_a_node(tasks) > 1:
             raise UsageError(
@@ -194,7 +205,9 @@ def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
     master_addr = first_host(environ[nodelist_name])
     run_id = str(job_id) if step_id is None else f"{job_id}.{step_id}"
     return ClusterSettings(kind="slurm", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                           master_port=slurm_master_port(job_id, step_id or 0), run_id=run_id)
+                           master_port=slurm_master_port(job_id, step_id or 0), run_id=run_id,
+                           read_from={"nnodes": nnodes_name, "node_rank": node_rank_name, "master_addr": nodelist_name,
+                                      "master_port": ", ".join(ids), "run_id": ", ".join(ids)})
 
 
 def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
@@ -217,15 +230,25 @@ def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
     rank_name, node_rank = _whole_number(environ, "k8s", ("PET_NODE_RANK", "RANK"))
     _check_node_rank(node_rank, nnodes, "k8s", rank_name)
 
-    master_addr = environ[_set_name(environ, ("PET_MASTER_ADDR", "MASTER_ADDR"))]
-    if node_rank == 0 and nnodes > 1 and _is_loopback(master_addr) and _present(environ, "HOSTNAME"):
-        master_addr = environ["HOSTNAME"]
-    master_port = _optional_port(environ, "k8s", ("PET_MASTER_PORT", "MASTER_PORT"))
+    master_addr_name = _set_name(environ, ("PET_MASTER_ADDR", "MASTER_ADDR"))
+    if (node_rank == 0 and nnodes > 1 and _is_loopback(environ[master_addr_name])
+            and _present(environ, "HOSTNAME")):
+        master_addr_name = "HOSTNAME"
+    master_addr = environ[master_addr_name]
+    if not master_addr.strip():
+        raise UsageError(f"{flag('cluster')} k8s: {master_addr_name}={master_addr!r} names no host")
+    port_names = ("PET_MASTER_PORT", "MASTER_PORT")
+    master_port = _optional_port(environ, "k8s", port_names)
     nproc_text = environ.get("PET_NPROC_PER_NODE", "")
     # "auto", "gpu" or "cpu" are torchrun's own values: left to the option's own rules.
     nproc_per_node = _parse_count(nproc_text, "PET_NPROC_PER_NODE", "k8s") if _DIGITS.fullmatch(nproc_text) else None
+    read_from = {"nnodes": nnodes_name, "node_rank": rank_name, "master_addr": master_addr_name}
+    if master_port is not None:
+        read_from["master_port"] = _set_name(environ, port_names)
+    if nproc_per_node is not None:
+        read_from["nproc_per_node"] = "PET_NPROC_PER_NODE"
     return ClusterSettings(kind="k8s", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                           master_port=master_port, run_id=None, nproc_per_node=nproc_per_node)
+                           master_port=master_port, run_id=None, nproc_per_node=nproc_per_node, read_from=read_from)
 
 
 def _read_gke_tpu(environ: Mapping[str, str]) -> ClusterSettings:
@@ -244,7 +267,9 @@ def _read_gke_tpu(environ: Mapping[str, str]) -> ClusterSettings:
     _, node_rank = _whole_number(environ, "gke-tpu", ("TPU_WORKER_ID",))
     _check_node_rank(node_rank, len(hosts), "gke-tpu", "TPU_WORKER_ID")
     return ClusterSettings(kind="gke-tpu", nnodes=len(hosts), node_rank=node_rank, master_addr=hosts[0],
-                           master_port=None, run_id=None)
+                           master_port=None, run_id=None,
+                           read_from={"nnodes": "TPU_WORKER_HOSTNAMES", "node_rank": "TPU_WORKER_ID",
+                                      "master_addr": "TPU_WORKER_HOSTNAMES"})
 
 
 TPU_ENV_VARIABLES = {
@@ -282,7 +307,9 @@ def _read_tpu_vm(environ: Mapping[str, str],
         if variable is not None:
             facts.setdefault(variable, value.strip().strip("'\""))
     return ClusterSettings(kind="tpu-vm", nnodes=len(hosts), node_rank=node_rank, master_addr=hosts[0],
-                           master_port=None, run_id=None, device_environ=facts)
+                           master_port=None, run_id=None, device_environ=facts,
+                           read_from={"nnodes": "worker-network-endpoints", "node_rank": "agent-worker-number",
+                                      "master_addr": "worker-network-endpoints"})
 
 
 def _read_mpi(environ: Mapping[str, str]) -> ClusterSettings:
@@ -293,12 +320,16 @@ def _read_mpi(environ: Mapping[str, str]) -> ClusterSettings:
         raise UsageError(
             f"{flag('cluster')} mpi: mpirun started {local_size} xlarun processes on this node; xlarun must run"
             f" once per node: use `mpirun --npernode 1` (or --map-by ppr:1:node)")
-    nnodes = _node_count(environ, "mpi", ("OMPI_COMM_WORLD_SIZE",))
-    _, node_rank = _whole_number(environ, "mpi", ("OMPI_COMM_WORLD_RANK",))
-    _check_node_rank(node_rank, nnodes, "mpi", "OMPI_COMM_WORLD_RANK")
+    nnodes_name, nnodes = _node_count(environ, "mpi", ("OMPI_COMM_WORLD_SIZE",))
+    node_rank_name, node_rank = _whole_number(environ, "mpi", ("OMPI_COMM_WORLD_RANK",))
+    _check_node_rank(node_rank, nnodes, "mpi", node_rank_name)
+    read_from = {"nnodes": nnodes_name, "node_rank": node_rank_name}
     run_id_name = _first_present(environ, ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"))
+    if run_id_name is not None:
+        read_from["run_id"] = run_id_name
     return ClusterSettings(kind="mpi", nnodes=nnodes, node_rank=node_rank, master_addr=None,
-                           master_port=None, run_id=environ[run_id_name] if run_id_name else None)
+                           master_port=None, run_id=environ[run_id_name] if run_id_name else None,
+                           read_from=read_from)
 
 
 def _is_elastic_pytorchjob(environ: Mapping[str, str]) -> bool:
@@ -360,9 +391,10 @@ def _parse_count(text: str, name: str, kind: str) -> int:
     return int(text)
 
 
-def _node_count(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> int:
+def _node_count(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> tuple[str, int]:
+    """The first set variable of ``names`` and its value, a whole number 1 or more."""
     name = _set_name(environ, names)
-    return _parse_count(environ[name], name, kind)
+    return name, _parse_count(environ[name], name, kind)
 
 
 def _whole_number(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> tuple[str, int]:

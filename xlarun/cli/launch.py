@@ -15,9 +15,9 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from xlarun.cli.options import read_options
+from xlarun.cli.options import OptionValues, read_options
 from xlarun.cli.rules import build_config, require_script
-from xlarun.config import LaunchConfig, Topology
+from xlarun.config import LaunchConfig, NprocRequest, Topology
 from xlarun.console import say
 from xlarun.exceptions import LaunchError, PlanError, UsageError
 from xlarun.flags import flag
@@ -63,8 +63,7 @@ def prepare_launch(given: Mapping[str, str | None], script: str | None, script_a
     script = require_script(script)
     values = read_options(given, environ)
     if values["cluster"] != "none":
-        given, cluster_environ = apply_cluster(values["cluster"], given, environ)
-        values = read_options(given, environ)
+        values, cluster_environ = apply_cluster(values, environ)
         # What the cluster says of the device (a TPU VM's slice) plans it where the environment is silent.
         environ = {**cluster_environ, **environ}
     dry_run = values["dry_run"]
@@ -131,31 +130,32 @@ def explain_split_world_failure(agent: Agent, prepared: PreparedLaunch) -> None:
             f"to bind it: {split}")
 
 
-def apply_cluster(kind: str, given: Mapping[str, str | None],
-                  environ: Mapping[str, str]) -> tuple[dict[str, str | None], Mapping[str, str]]:
-    """Fill in what a scheduler (Slurm, Kubernetes, ...) says about the job; explicit flags win.
+def apply_cluster(values: OptionValues, environ: Mapping[str, str]) -> tuple[OptionValues, Mapping[str, str]]:
+    """Put in what a scheduler (Slurm, Kubernetes, ...) says about the job, each value naming the
+    variable it was read from; explicit flags win, and the scheduler wins over ``PET_*`` variables.
 
     Also returns what it says of the device, as variables to plan with (a TPU VM's slice shape and
     worker number, :attr:`~xlarun.cli.cluster.ClusterSettings.device_environ`).
     """
     from xlarun.cli.cluster import detect_cluster
 
-    merged = dict(given)
-    settings = detect_cluster(kind, environ)
+    settings = detect_cluster(values["cluster"], environ)
     if settings is None:
-        return merged, {}
-    derived = {
-        "nnodes": str(settings.nnodes),
-        "node_rank": str(settings.node_rank),
-        "master_addr": settings.resolve_master_addr(given.get("master_addr")),
-        "master_port": None if settings.master_port is None else str(settings.master_port),
-        "rdzv_id": settings.run_id,
-        "nproc_per_node": None if settings.nproc_per_node is None else str(settings.nproc_per_node),
+        return values, {}
+    settings.resolve_master_addr(values.given("master_addr"))  # refused where no one says where node 0 runs
+    nnodes, nproc = settings.nnodes, settings.nproc_per_node
+    # Each option a field stands in for: the field, its value as the flag spells it, and as the option holds it.
+    fields = {
+        "nnodes": ("nnodes", nnodes, (nnodes, nnodes)),
+        "node_rank": ("node_rank", settings.node_rank, settings.node_rank),
+        "master_addr": ("master_addr", settings.master_addr, settings.master_addr),
+        "master_port": ("master_port", settings.master_port, settings.master_port),
+        "rdzv_id": ("run_id", settings.run_id, settings.run_id),
+        "nproc_per_node": ("nproc_per_node", nproc, None if nproc is None else NprocRequest(count=nproc)),
     }
-    for name, value in derived.items():
-        if value is not None and merged.get(name) is None:
-            merged[name] = value
-    return merged, settings.device_environ
+    said = {dest: (value, str(spelt), settings.read_from[name])
+            for dest, (name, spelt, value) in fields.items() if value is not None}
+    return values.with_scheduler(settings.kind, said), settings.device_environ
 
 
 def choose_rendezvous(config: LaunchConfig, device: DevicePlan, environ: Mapping[str, str]) -> Rendezvous:

@@ -11,6 +11,9 @@ Usage::
     values = read_options({"nproc_per_node": "2"}, os.environ)
     values["nproc_per_node"]          # NprocRequest(count=2, word=None)
     values.source("master_port")      # "--master-port" or "--master-port (from PET_MASTER_PORT)"
+
+Under ``--cluster`` the scheduler's values take the place of those the command line left out
+(:meth:`OptionValues.with_scheduler`), and name it as their source.
 """
 
 from __future__ import annotations
@@ -419,44 +422,82 @@ OPTIONS: tuple[Option, ...] = (
 OPTIONS_BY_DEST: Mapping[str, Option] = {option.dest: option for option in OPTIONS}
 
 
+@dataclass(frozen=True)
+class Reading:
+    """One option's value and where it came from."""
+
+    value: Any
+    text: str | None
+    """The text the value was parsed from (None for a value-less option not given); for a value the
+    scheduler gave, the value as the flag would spell it."""
+    stood_in: str | None = None
+    """What stood in for the flag: its variable (``PET_NNODES``) or the scheduler and the variable it
+    read (``--cluster slurm: SLURM_NODEID``); None where the command line gave the value or the default holds."""
+    defaulted: bool = False
+
+
 class OptionValues(Mapping[str, Any]):
     """Every option's parsed value by dest (``None`` for a value-less option not given).
 
     A switch is ``True`` or ``False``. ``raw(dest)`` is the text the value came from and
-    ``source(dest)`` names where: the flag, or the flag and the variable that stood in.
+    ``source(dest)`` names where: the flag, or the flag and what stood in for it (its variable,
+    or the scheduler under ``--cluster``).
     """
 
-    def __init__(self, values: dict[str, Any], raw: dict[str, str | None], sources: dict[str, str],
-                 set_by_user: frozenset[str] = frozenset()):
-        self._values, self._raw, self._sources = values, raw, sources
-        self._set_by_user = set_by_user
+    def __init__(self, readings: Mapping[str, Reading]):
+        self._readings = dict(readings)
 
     def __getitem__(self, dest: str) -> Any:
-        return self._values[dest]
+        return self._readings[dest].value
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._values)
+        return iter(self._readings)
 
     def __len__(self) -> int:
-        return len(self._values)
+        return len(self._readings)
 
     def raw(self, dest: str) -> str | None:
-        return self._raw[dest]
+        return self._readings[dest].text
 
     def source(self, dest: str) -> str:
-        return self._sources[dest]
+        """``--master-port``, or ``--master-port (from PET_MASTER_PORT)`` where a variable stood in."""
+        return OPTIONS_BY_DEST[dest].display_name + _standing_in(self._readings[dest].stood_in)
+
+    def stated(self, dest: str) -> str:
+        """The value as its source said it: ``--nnodes=2``, ``--nnodes=2 (from --cluster slurm: SLURM_NNODES)``."""
+        reading = self._readings[dest]
+        return f"{OPTIONS_BY_DEST[dest].display_name}={reading.text}{_standing_in(reading.stood_in)}"
 
     def is_set(self, dest: str) -> bool:
-        """Given on the command line or by its variable, rather than left to its default."""
-        return dest in self._set_by_user
+        """Given on the command line, by its variable or by the scheduler, rather than left to its default."""
+        return not self._readings[dest].defaulted
+
+    def given(self, dest: str) -> str | None:
+        """The text the command line gave, or None where something else set the value or none did."""
+        reading = self._readings[dest]
+        return None if reading.defaulted or reading.stood_in is not None else reading.text
 
     def given_or_default(self, dest: str) -> Any:
         """The value, or the row's default where the text given was empty (``--role ''``)."""
-        return self._values[dest] or OPTIONS_BY_DEST[dest].default
+        return self[dest] or OPTIONS_BY_DEST[dest].default
 
     def refuse(self, dest: str, reason: str) -> UsageError:
         """A one-line error about the value of ``dest``: ``--flag='value' <reason>``."""
         return UsageError(f"{self.source(dest)}={self.raw(dest)!r} {reason}")
+
+    def with_scheduler(self, kind: str, said: Mapping[str, tuple[Any, str, str]]) -> OptionValues:
+        """These values with the scheduler's in place of those the command line did not give.
+
+        ``said`` maps dests to what ``--cluster KIND`` found: the value as the option holds it, as the
+        flag would spell it, and the variable it was read from. The precedence is torchrun's with
+        the scheduler between the two: the flag, then the scheduler, then the ``PET_*`` variable,
+        then the default. Nothing is parsed again.
+        """
+        readings = dict(self._readings)
+        for dest, (value, text, variable) in said.items():
+            if self.given(dest) is None:
+                readings[dest] = Reading(value, text, f"{flag('cluster')} {kind}: {variable}")
+        return OptionValues(readings)
 
 
 def read_options(given: Mapping[str, str | None], environ: Mapping[str, str]) -> OptionValues:
@@ -465,28 +506,28 @@ def read_options(given: Mapping[str, str | None], environ: Mapping[str, str]) ->
     ``given`` maps dests to the text the command line gave (``"1"`` for a switch).
     Raises :class:`UsageError` for the first value its row refuses.
     """
-    values: dict[str, Any] = {}
-    raws: dict[str, str | None] = {}
-    sources: dict[str, str] = {}
-    set_by_user: set[str] = set()
+    readings: dict[str, Reading] = {}
     for option in OPTIONS:
-        dest = option.dest
-        raw, source = given.get(dest), option.display_name
+        raw, stood_in = given.get(option.dest), None
         variable = next((name for name in option.environment_variables if name in environ), None)
         if raw is None and variable is not None:
-            raw, source = environ[variable], f"{source} (from {variable})"
-        if raw is not None:
-            set_by_user.add(dest)
-        if raw is None:
+            raw, stood_in = environ[variable], variable
+        defaulted = raw is None
+        if defaulted:
             raw = option.default
-        raws[dest], sources[dest] = raw, source
+        source = option.display_name + _standing_in(stood_in)
         if not option.takes_value:
-            values[dest] = _switch(raw, source)
+            value = _switch(raw, source)
         elif raw is None:
-            values[dest] = None
+            value = None
         else:
-            values[dest] = _parse(option, raw, source)
-    return OptionValues(values, raws, sources, frozenset(set_by_user))
+            value = _parse(option, raw, source)
+        readings[option.dest] = Reading(value, raw, stood_in, defaulted)
+    return OptionValues(readings)
+
+
+def _standing_in(stood_in: str | None) -> str:
+    return "" if stood_in is None else f" (from {stood_in})"
 
 
 def _switch(raw: str | None, source: str) -> bool:

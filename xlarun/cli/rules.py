@@ -126,8 +126,7 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
     rdzv_backend, rdzv_endpoint, rdzv_id = (values["rdzv_backend"], values["rdzv_endpoint"],
                                             values.given_or_default("rdzv_id"))
     if standalone and max_nodes > 1:
-        raise UsageError(f"{flag('standalone')} runs a single node, but {flag('nnodes')}={values.raw('nnodes')}: "
-                         "drop one of them")
+        raise UsageError(f"{flag('standalone')} runs a single node, but {values.stated('nnodes')}: drop one of them")
     if standalone or lone_node_on_a_free_port(values, torchrun):
         standalone = True
         rdzv_backend, rdzv_endpoint, rdzv_id = "c10d", "localhost:0", str(uuid.uuid4())
@@ -139,11 +138,10 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
     node_rank = values["node_rank"]
     if rdzv_backend == "static":
         if node_rank >= max_nodes:
-            raise UsageError(f"{flag('node_rank')}={node_rank} is out of range: with "
-                             f"{flag('nnodes')}={values.raw('nnodes')} "
+            raise UsageError(f"{values.stated('node_rank')} is out of range: with {values.stated('nnodes')} "
                              f"it must be 0..{max_nodes - 1}")
         if min_nodes != max_nodes:
-            raise UsageError(f"{flag('nnodes')}={values.raw('nnodes')}: a range needs {flag('rdzv_backend')}=c10d; "
+            raise UsageError(f"{values.stated('nnodes')}: a range needs {flag('rdzv_backend')}=c10d; "
                              "static rendezvous takes a fixed node count")
 
     return LaunchConfig(
