@@ -4,6 +4,8 @@
 - ``port``: a free port for ``--master-port``.
 - ``nodes``: the multi-node agents a test starts (:class:`multinode.Nodes`); whatever is left of
   them is killed at teardown.
+- ``foreground_signals``: the stop signals' dispositions of a process started in a shell's
+  foreground, for the tests that need them (see the fixture).
 - ``slurm_env``: a session fixture, the environment for ``srun`` on the Slurm test cluster, which
   it stops at the end of the session unless another session still uses it. Tests that use it
   carry the ``slurm`` marker, so ``-m "not slurm"`` never starts the cluster.
@@ -15,7 +17,8 @@ given here by folder; the tests under ``tests/launch/`` run real processes.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -43,6 +46,34 @@ def out_dir(tmp_path: Path) -> Path:
 @pytest.fixture
 def port() -> int:
     return free_port()
+
+
+FOREGROUND_DISPOSITIONS: dict[signal.Signals, Callable[[int, object], object] | signal.Handlers] = {
+    signal.SIGINT: signal.default_int_handler,
+    signal.SIGTERM: signal.SIG_DFL,
+    signal.SIGHUP: signal.SIG_DFL,
+    signal.SIGQUIT: signal.SIG_DFL,
+}
+"""What Python starts with where its shell left the stop signals alone: SIGINT raises
+``KeyboardInterrupt``, the others take their default action."""
+
+
+@pytest.fixture
+def foreground_signals() -> Iterator[None]:
+    """The stop signals as a process started in a shell's foreground has them, for this test and
+    the launchers it starts (a Python handler becomes the default action at ``exec``).
+
+    A suite started in the background (``nohup … &`` from a script) inherits SIGINT and SIGQUIT
+    ignored, and every launcher it starts inherits them so in turn: a test of what a signal left
+    out of ``--signals-to-handle`` does would see nothing happen.
+    """
+    previous = {number: signal.signal(number, handler) for number, handler in FOREGROUND_DISPOSITIONS.items()}
+    try:
+        yield
+    finally:
+        for number, handler in previous.items():
+            if handler is not None:  # None: installed outside Python, which it cannot be given back to
+                signal.signal(number, handler)
 
 
 @pytest.fixture(scope="session")

@@ -164,6 +164,7 @@ def test_an_empty_filter_copies_every_line_as_torchruns_does(tmp_path: Path) -> 
     assert (tmp_path / "filtered_stdout.log").read_text() == "a\n\nb\n"
 
 
+@pytest.mark.usefixtures("foreground_signals")
 def test_signals_left_out_keep_their_default_action_and_usr1_never_stops() -> None:
     with SignalInbox((signal.SIGHUP, signal.SIGUSR1)) as inbox:
         assert inbox.stop_signals == (signal.SIGHUP,)
@@ -173,6 +174,20 @@ def test_signals_left_out_keep_their_default_action_and_usr1_never_stops() -> No
         os.kill(os.getpid(), signal.SIGUSR1)
         assert inbox.drain() == [signal.SIGUSR1]
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+@pytest.mark.usefixtures("foreground_signals")
+def test_a_signal_inherited_ignored_stays_ignored_unless_listed() -> None:
+    """As torchrun: a listed stop signal is handled even where the launcher was started with it
+    ignored (``nohup … &``), and one left out stays ignored."""
+    for number in (signal.SIGINT, signal.SIGQUIT, signal.SIGHUP):
+        signal.signal(number, signal.SIG_IGN)
+    with SignalInbox((signal.SIGTERM, signal.SIGHUP)) as inbox:
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGQUIT) is signal.SIG_IGN
+        os.kill(os.getpid(), signal.SIGHUP)
+        assert inbox.drain() == [signal.SIGHUP]
+    assert signal.getsignal(signal.SIGHUP) is signal.SIG_IGN
 
 
 def test_the_tcsh_line_completes_every_spelling_and_the_choices() -> None:
