@@ -1,12 +1,12 @@
-"""The README is a manual a newcomer can trust: every command line it shows plans.
+"""The manual is one a newcomer can trust: every command line its pages show plans.
 
-Every xlarun command line the README shows — each line of its ``bash`` blocks and each
-inline command that names a script — runs here under ``xlarun --dry-run``, on the fake host
-its section is about (a TPU VM under "TPU", a trn1.32xlarge under "Neuron", ...) and, for
-``--cluster``, in the environment the scheduler gives (the recorded fixtures; for ``tpu-vm``
-a stub of the VM's metadata server, ``tests/metadata.py``). A bash line that runs anything
-else must be one of the few other programs the README may show (pip, the scripts), so no
-command escapes.
+Every xlarun command line of the manual (README.md, ``docs/``, CONTRIBUTING.md) — each line
+of its ``bash`` blocks and each inline command that names a script — runs here under
+``xlarun --dry-run``, on the fake host its section is about (a TPU VM under "TPU", a
+trn1.32xlarge under "Neuron", ...) and, for ``--cluster``, in the environment the scheduler
+gives (the recorded fixtures; for ``tpu-vm`` a stub of the VM's metadata server,
+``tests/metadata.py``). A bash line that runs anything else must be one of the few other
+programs the manual may show (pip, the scripts), so no command escapes.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import shlex
 import pytest
 from helpers import REPO, TESTS, run_xlarun
 from metadata import serve_metadata, slice_attributes
-from readme import Command, readme_commands
+from readme import Command, manual_commands
 
 HOSTS = TESTS / "fixtures" / "hosts"
 CLUSTERS = TESTS / "fixtures" / "cluster"
@@ -30,18 +30,18 @@ CLUSTER_FIXTURES = {"slurm": "slurm_step_node1", "k8s": "k8s_pytorchjob_worker1"
                     "mpi": "mpi_npernode1_rank1"}
 # What worker 1 of a two-host v4-16 slice's metadata server says, for --cluster tpu-vm.
 TPU_VM = slice_attributes(1, ["10.130.0.2", "10.130.0.3"])
-COMMANDS, OTHERS = readme_commands()
+COMMANDS = manual_commands()[0]
 
 
 def argv(command: Command) -> list[str]:
-    """The command's words from ``xlarun`` on; the README's commands need no shell variables."""
+    """The command's words from ``xlarun`` on; the manual's commands need no shell variables."""
     assert "$" not in command.line and not command.exported, command.line
     words = shlex.split(command.line)
     return words[words.index("xlarun"):]
 
 
-@pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.section}: {c.line}" for c in COMMANDS])
-def test_every_readme_command_plans(command: Command) -> None:
+@pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.page}, {c.section}: {c.line}" for c in COMMANDS])
+def test_every_manual_command_plans(command: Command) -> None:
     words = argv(command)
     host = next((value for key, value in SECTION_HOSTS.items() if command.section.startswith(key)), None)
     env: dict[str, str] = {}
@@ -55,7 +55,7 @@ def test_every_readme_command_plans(command: Command) -> None:
         if metadata is not None:
             env["GCE_METADATA_HOST"] = metadata.host
         result = run_xlarun("--dry-run", *flags, env=env, cwd=REPO)
-    assert result.returncode == 0, f"{command.line}\n{result.stderr}"
+    assert result.returncode == 0, f"{command.page}, {command.section}: {command.line}\n{result.stderr}"
     document = json.loads(result.stdout)
     if host is not None and "--device" not in words:
         assert document["device"] == host[1], command.line

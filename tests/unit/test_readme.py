@@ -1,6 +1,7 @@
-"""The README's references match the code: links, summary-file keys, environment variables, paths,
-the Python requirement, and every command line it shows is one the tests check
-(``tests/launch/test_readme.py`` plans each of them)."""
+"""The manual's references match the code: summary-file keys, environment variables, paths, the
+Python requirement, and every command line its pages show is one the tests check
+(``tests/launch/test_readme.py`` plans each of them). Its links are checked in
+``test_manual_links.py``, its module map in ``test_module_map.py``."""
 
 from __future__ import annotations
 
@@ -9,21 +10,18 @@ import re
 
 import tomllib
 from helpers import REPO
-from readme import OTHER_PROGRAMS, README, readme_commands, section
+from readme import OTHER_PROGRAMS, PAGES, README, manual_commands, page_name, section
 
-COMMANDS, OTHERS = readme_commands()
+COMMANDS, OTHERS = manual_commands()
 
 
-def test_the_readme_shows_many_commands_and_nothing_unchecked() -> None:
-    assert len(COMMANDS) >= 30, [command.line for command in COMMANDS]
+def test_the_manual_shows_many_commands_and_nothing_unchecked() -> None:
+    assert len(COMMANDS) >= 38, [command.line for command in COMMANDS]
     assert set(OTHERS) <= OTHER_PROGRAMS, OTHERS
 
 
-def test_internal_links_lead_to_a_heading() -> None:
-    text = README.read_text()
-    anchors = {re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
-               for heading in re.findall(r"^#+ (.*)$", text, flags=re.MULTILINE)}
-    assert set(re.findall(r"\]\(#([^)]+)\)", text)) <= anchors
+def test_the_front_page_stays_short() -> None:
+    assert len(README.read_bytes()) < 20 * 1024
 
 
 def test_summary_file_schema_names_the_real_keys() -> None:
@@ -60,7 +58,8 @@ def test_every_variable_xlarun_sets_or_reads_is_in_the_reference() -> None:
 def test_the_first_lines_and_development_start_with_the_two_scripts() -> None:
     scripts = "```bash\nscripts/demo.sh"
     assert README.read_text().startswith("# xlarun\n\n" + scripts)
-    assert section("Development").startswith("\n## Development\n\n" + scripts)
+    assert "scripts/test.sh" in README.read_text().split("```")[1]
+    assert section("Development").startswith("# Development\n\n" + scripts)
     assert "scripts/test.sh" in section("Development").split("```")[1]
 
 
@@ -69,6 +68,7 @@ def test_python_requirement_matches_pyproject() -> None:
     assert "Python 3.10 or newer" in section("Install")
 
 
-def test_paths_the_readme_names_exist() -> None:
-    for path in set(re.findall(r"`((?:examples|scripts|tests)/[\w./-]+)`", README.read_text())):
-        assert (REPO / path).exists(), path
+def test_paths_the_manual_names_exist() -> None:
+    for page in PAGES:
+        for path in set(re.findall(r"`((?:examples|scripts|tests)/[\w./-]+)`", page.read_text())):
+            assert (REPO / path).exists(), f"{page_name(page)}: {path}"
