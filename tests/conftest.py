@@ -48,7 +48,7 @@ def port() -> int:
     return free_port()
 
 
-FOREGROUND_DISPOSITIONS: dict[signal.Signals, Callable[[int, object], object] | signal.Handlers] = {
+FOREGROUND_DISPOSITIONS: dict[signal.Signals, Callable[..., object] | signal.Handlers] = {
     signal.SIGINT: signal.default_int_handler,
     signal.SIGTERM: signal.SIG_DFL,
     signal.SIGHUP: signal.SIG_DFL,

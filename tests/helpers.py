@@ -183,7 +183,7 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def wait_for(check: Callable[[], bool], what: str, timeout: float = WAIT_TIMEOUT_S) -> None:
+def wait_for(check: Callable[[], object], what: str, timeout: float = WAIT_TIMEOUT_S) -> None:
     deadline = time.monotonic() + timeout
     while not check():
         if time.monotonic() > deadline:

@@ -54,7 +54,7 @@ def serve_metadata(attributes: Mapping[str, str]) -> Iterator[Served]:
             name = self.path.removeprefix(PREFIX) if self.path.startswith(PREFIX) else None
             if flavor != "Google":
                 self.send_error(403, "Missing Metadata-Flavor:Google header")
-            elif name not in attributes:
+            elif name is None or name not in attributes:
                 self.send_error(404)
             else:
                 body = attributes[name].encode()

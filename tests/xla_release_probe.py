@@ -86,7 +86,7 @@ def xla_model() -> types.ModuleType:
 
 def libneuronxla() -> tuple[types.ModuleType, types.ModuleType]:
     package = types.ModuleType("libneuronxla")
-    package.__path__ = []  # type: ignore[attr-defined]
+    package.__path__ = []
     package.configure_environment = lambda: None  # type: ignore[attr-defined]
     path = types.ModuleType("libneuronxla.libneuronpjrt_path")
     path.libneuronpjrt_path = lambda: "/opt/neuron/libneuronpjrt.so"  # type: ignore[attr-defined]
@@ -135,14 +135,14 @@ class EntryPoints:
 def package(name: str, path: Path) -> types.ModuleType:
     """A package whose ``__init__`` is not run (it loads native code); its modules load from ``path``."""
     module = types.ModuleType(name)
-    module.__path__ = [str(path)]  # type: ignore[attr-defined]
+    module.__path__ = [str(path)]
     sys.modules[name] = module
     return module
 
 
 def configure_import_code(init_source: str) -> list[ast.stmt]:
     """The statements of ``torch_xla/__init__.py`` that configure a worker, in file order."""
-    kept = []
+    kept: list[ast.stmt] = []
     for node in ast.parse(init_source).body:
         text = ast.unparse(node)
         if isinstance(node, ast.FunctionDef) and node.name == "_aws_ec2_inf_trn_init":

@@ -162,7 +162,7 @@ def test_agent_killed_with_sigkill_stops_the_other_node(nodes: Nodes, out_dir: P
         assert last.startswith(f"xlarun: lost the rendezvous store at {HOST}:{port} "), run.stderr
         assert last.endswith(f"): node {victim_node}, which hosted it, stopped"), run.stderr
     for pid in [*pids, *left_behind]:
-        wait_for(lambda pid=pid: not is_alive(pid), f"process {pid} of the job to end")
+        wait_for(lambda: not is_alive(pid), f"process {pid} of the job to end")  # noqa: B023
 
 
 def test_a_frozen_store_host_is_given_up_when_heartbeats_go_unanswered(nodes: Nodes, out_dir: Path,

@@ -37,7 +37,8 @@ from helpers import (
 from parity import assert_same_contract, launch_both
 
 _TORCH = importlib.util.find_spec("torch")
-_RUN_PY = Path(_TORCH.submodule_search_locations[0]) / "distributed" / "run.py" if _TORCH else None
+_RUN_PY = (Path(_TORCH.submodule_search_locations[0]) / "distributed" / "run.py"
+           if _TORCH and _TORCH.submodule_search_locations else None)
 TORCHRUN_SOURCE = _RUN_PY.read_text() if _RUN_PY is not None and _RUN_PY.exists() else ""
 TORCH_VERSION = importlib.metadata.version("torch") if _TORCH else "none"
 QUIET = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}

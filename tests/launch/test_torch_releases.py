@@ -92,11 +92,11 @@ def test_a_click_only_install_runs_one_node_and_refuses_several(tmp_path: Path,
                                                                click_only_python: tuple[str, dict[str, str]]) -> None:
     python, env = click_only_python
     alone = run_command([python, "-m", "xlarun", "--standalone", "--nproc_per_node", "2", worker("marker.py"),
-                         tmp_path / "alone"], env=env)
+                         str(tmp_path / "alone")], env=env)
     assert alone.returncode == 0, alone.stderr
     assert (tmp_path / "alone").exists()
     several = run_command([python, "-m", "xlarun", "--nnodes", "2", "--master_port", "0", worker("marker.py"),
-                           tmp_path / "several"], env=env)
+                           str(tmp_path / "several")], env=env)
     assert several.returncode == 2
     assert several.stderr.splitlines() == ["xlarun: error: several nodes meet through torch.distributed, which is "
                                            "not installed in this Python: pip install 'xlarun[multinode]' (or torch)"]

@@ -218,7 +218,8 @@ def test_a_store_that_fails_or_hangs_a_heartbeat_is_reported_lost_once(failure: 
     store = MemoryStore()
     lost: list[BaseException] = []
     if failure == "raises":
-        store.add = None  # calling it raises TypeError, as a closed connection raises its error
+        # Calling it raises TypeError, as a closed connection raises its error.
+        store.add = None  # type: ignore[method-assign,assignment]
     else:
         store.hang.set()
     beat = Heartbeat(store, KEYS.heartbeat(1), interval=0.02, limit=0.2, on_lost=lost.append,

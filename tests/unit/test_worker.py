@@ -22,6 +22,7 @@ def test_describe_split_accepts_matching_views():
 
 def test_describe_split_names_the_cpu_client_when_each_process_is_alone():
     message = describe_split(1, 4, {RUNTIME_VIEW: (0, 1)}, "CPU", spmd=False)
+    assert message is not None
     assert message.startswith("PJRT's CPU client has no cross-process collectives")
     assert "each of the 4 processes" in message
     assert "--spmd --virtual-devices" in message
@@ -29,6 +30,7 @@ def test_describe_split_names_the_cpu_client_when_each_process_is_alone():
 
 def test_describe_split_names_the_disagreeing_view_and_the_launchers_numbers():
     message = describe_split(5, 16, {TORCH_VIEW: (5, 16), RUNTIME_VIEW: (5, 32)}, "TPU", spmd=False)
+    assert message is not None
     assert "RANK=5 WORLD_SIZE=16" in message
     assert "the XLA runtime reports rank 5 of 32" in message
     assert "\n" not in message
@@ -36,4 +38,5 @@ def test_describe_split_names_the_disagreeing_view_and_the_launchers_numbers():
 
 def test_describe_split_points_spmd_at_one_process_per_node():
     message = describe_split(0, 8, {RUNTIME_VIEW: (0, 2)}, "TPU", spmd=True)
+    assert message is not None
     assert "under SPMD each node runs one process" in message

@@ -21,7 +21,7 @@ out, mode = sys.argv[1], sys.argv[2]
 rank = int(os.environ["RANK"])
 
 
-def publish(name, pid):
+def publish(name: str, pid: int) -> None:
     """Readers poll for the file: it appears complete or not at all."""
     path = os.path.join(out, name)
     with open(path + ".tmp", "w") as handle:
@@ -29,7 +29,7 @@ def publish(name, pid):
     os.rename(path + ".tmp", path)
 
 
-def is_gone(pid):
+def is_gone(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat", "rb") as handle:
             return handle.read().rsplit(b")", 1)[1].split()[0] == b"Z"

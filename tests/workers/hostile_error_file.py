@@ -24,7 +24,7 @@ rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
 ESCAPES = "\x1b[2J\x1b]0;retitled\x07\x1b[31mred\r\x9b1mover"
 
 
-def publish(name, text):
+def publish(name: str, text: str) -> None:
     """Readers poll for the file: it appears complete or not at all."""
     path = os.path.join(out, name)
     with open(path + ".tmp", "w") as handle:
@@ -32,12 +32,12 @@ def publish(name, text):
     os.rename(path + ".tmp", path)
 
 
-def record(traceback, timestamp=None):
+def record(traceback: str, timestamp: str | None = None) -> str:
     extra = {"py_callstack": traceback, "timestamp": timestamp or str(int(time.time()))}
     return json.dumps({"message": {"message": "RuntimeError: hostile", "extraInfo": extra}})
 
 
-def hostile_content():
+def hostile_content() -> str:
     name, _, value = kind.partition("=")
     if name == "timestamp":
         return record("Traceback (most recent call last):\nRuntimeError: odd timestamp", value)

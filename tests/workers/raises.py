@@ -10,7 +10,7 @@ import sys
 import time
 
 
-def main():
+def main() -> None:
     if os.environ["RANK"] != "0":
         time.sleep(600)
         return
@@ -19,7 +19,7 @@ def main():
     deepest_frame_of_worker()
 
 
-def deepest_frame_of_worker():
+def deepest_frame_of_worker() -> None:
     raise RuntimeError("boom from the worker")
 
 

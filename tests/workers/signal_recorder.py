@@ -28,7 +28,7 @@ world_size = int(os.environ["WORLD_SIZE"])
 STOPPING = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 
 
-def record(number, frame):
+def record(number: int, frame: object) -> None:
     with open(os.path.join(args.out, f"{rank}.signals"), "a") as handle:
         handle.write(signal.Signals(number).name + "\n")
     if number in STOPPING and not (args.ignore_term and number == signal.SIGTERM):
@@ -43,7 +43,7 @@ with open(os.path.join(args.out, f"{rank}.ready"), "w") as handle:
     handle.write(str(os.getpid()))
 
 
-def everyone_ready():
+def everyone_ready() -> bool:
     return all(os.path.exists(os.path.join(args.out, f"{r}.ready")) for r in range(world_size))
 
 
