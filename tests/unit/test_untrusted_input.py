@@ -21,6 +21,7 @@ from helpers import free_port, prepare, refusal
 from xlarun.contract import MAX_ERROR_FILE_BYTES, read_error_file
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import NOT_AVAILABLE, FailureRecord
+from xlarun.supervision.end import RunEnd
 from xlarun.supervision.group import WorkerResult
 from xlarun.supervision.logs import make_run_log_dir
 from xlarun.supervision.report import MAX_QUOTED_BYTES, RunSummary, failure_of, format_report, keep_end
@@ -156,7 +157,7 @@ def test_a_link_planted_at_the_old_temporary_name_is_left_alone(tmp_path: Path) 
     summary = tmp_path / "summary.json"
     planted = tmp_path / f"summary.json.tmp{os.getpid()}"
     planted.symlink_to(victim)
-    RunSummary(run_id="job", exit_code=3, result="failed").write(str(summary))
+    RunSummary(run_id="job").write(str(summary), RunEnd("failed", 3))
     assert victim.read_text() == "precious"
     assert planted.is_symlink() and os.readlink(planted) == str(victim)
     assert not summary.is_symlink() and json.loads(summary.read_text())["exit_code"] == 3
@@ -166,7 +167,7 @@ def test_a_link_planted_at_the_old_temporary_name_is_left_alone(tmp_path: Path) 
 def test_the_summary_gets_the_mode_open_would_give(tmp_path: Path) -> None:
     umask = os.umask(0o022)
     try:
-        RunSummary(run_id="job").write(str(tmp_path / "summary.json"))
+        RunSummary(run_id="job").write(str(tmp_path / "summary.json"), RunEnd.succeeded())
     finally:
         os.umask(umask)
     assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644

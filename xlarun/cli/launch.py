@@ -38,6 +38,7 @@ from xlarun.planning.packages import followed_torchrun, installed_version
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous, multi_node_rendezvous
 from xlarun.supervision.agent import Agent
+from xlarun.supervision.end import RunEnd
 
 
 @dataclass(frozen=True)
@@ -111,21 +112,19 @@ def launch_from_command_line(given: Mapping[str, str | None], script: str | None
     def variables_for(node: NodeAssignment, local_rank: int, error_file: str) -> dict[str, str]:
         return worker_variables(prepared.config, node, local_rank, prepared.device, environ, error_file)
 
-    agent = Agent(prepared.config, rendezvous, environ, variables_for)
-    code = agent.run()
-    explain_split_world_failure(agent, prepared)
-    return code
+    end = Agent(prepared.config, rendezvous, environ, variables_for).run()
+    explain_split_world_failure(end, prepared)
+    return end.exit_code
 
 
-def explain_split_world_failure(agent: Agent, prepared: PreparedLaunch) -> None:
+def explain_split_world_failure(end: RunEnd, prepared: PreparedLaunch) -> None:
     """After the report of a CPU run that failed on a taken store port, name the split world as the cause.
 
     On one node no agent serves a store, so under ``xla://`` every CPU process, each rank 0 of
     its own world, tries to serve one at MASTER_PORT, and all but the first fail to bind it.
     """
     split = prepared.split_world
-    root = agent.summary.root_cause if agent.summary is not None else None
-    if split is not None and root is not None and "EADDRINUSE" in str(root.get("traceback")):
+    if split is not None and end.failure is not None and "EADDRINUSE" in end.failure.traceback:
         say(f"each CPU process took itself for rank 0 and served the store at MASTER_PORT, so all but one failed "
             f"to bind it: {split}")
 

@@ -2,7 +2,7 @@
 
 Usage::
 
-    exit_code = Agent(config, rendezvous, environ, variables_for).run()
+    end = Agent(config, rendezvous, environ, variables_for).run()    # a RunEnd: end.exit_code, end.root_cause
 
 ``variables_for(node, local_rank, error_file)`` gives what xlarun sets for one worker (the
 planning layer's :func:`~xlarun.planning.environment.worker_variables`, bound to the device
@@ -25,25 +25,18 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from xlarun.config import LaunchConfig
-from xlarun.console import console, say
-from xlarun.contract import STACKS_FILE
+from xlarun.console import say
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord, signal_name
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import JobEnded, NodeStacks, Rendezvous
+from xlarun.supervision.end import HangCause, RootCause, RunEnd
 from xlarun.supervision.group import GroupOutcome, Hang, WorkerGroup, WorkerResult
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.logs import make_run_log_dir, plan_attempt_logs, plan_worker_logs
 from xlarun.supervision.process import WorkerSpec
 from xlarun.supervision.relay import step_log_on
-from xlarun.supervision.report import (
-    HUNG_EXIT_CODE,
-    RunSummary,
-    failure_as_dict,
-    failure_of,
-    format_report,
-    peak_rss_note,
-)
+from xlarun.supervision.report import RunSummary, failure_of, print_root_cause
 from xlarun.supervision.signals import SUSPEND_SIGNAL, SignalInbox, suspend_self
 
 T = TypeVar("T")
@@ -60,65 +53,60 @@ class Agent:
         self.rendezvous = rendezvous
         self.environ = dict(environ)
         self.variables_for = variables_for
-        self.summary: RunSummary | None = None
+        self._summary: RunSummary | None = None
+        """The run's attempts, from the first; the summary file's record with the run's end."""
+        self._root_cause: RootCause | None = None
+        """The run's root cause, from the moment it is known (a fault while it is reported keeps it)."""
         self._run_dir = ""
 
-    def run(self) -> int:
+    def run(self) -> RunEnd:
+        """Run the attempts; how the run ended. A launcher fault is raised as a :class:`LaunchError`
+        once the summary file has its record."""
         guard = OrphanGuard().start()
         try:
             with SignalInbox(self.config.signals_to_handle.signals) as inbox:
-                code = self._attempts(inbox, guard)
+                end = self._attempts(inbox, guard)
         except LaunchError as error:
             # The run ends in one line from the CLI; CI scripts still get their record.
-            self._write_summary(error.exit_code, error=str(error))
+            self._write_summary(RunEnd.launcher_error(str(error), error.exit_code, self._root_cause))
             raise
         except UsageError:
             raise  # bad input found late (a --log-dir that is a file): one line, exit 2
         except Exception as error:
             # A fault of the launcher's own (a bug; a disk full where it writes): the worker group
-            # tore itself down before the exception left it, so only the record and the code remain.
+            # tore itself down before the exception left it, so only the record and the code remain:
+            # the root cause's, where a worker failed before the fault.
             fault = LaunchError(f"internal error: {type(error).__name__}: {error}")
-            fault.exit_code = self._root_cause_code()
-            self._write_summary(fault.exit_code, error=str(fault))
+            if self._root_cause is not None:
+                fault.exit_code = self._root_cause.exit_status
+            self._write_summary(RunEnd.launcher_error(str(fault), fault.exit_code, self._root_cause))
             raise fault from error
         finally:
             guard.release()
             self.rendezvous.close()
-        self._write_summary(code)
-        return code
+        self._write_summary(end)
+        return end
 
-    def _root_cause_code(self) -> int:
-        """The exit code of the run's root cause, where a worker failed before the fault; else 1."""
-        root = self.summary.root_cause if self.summary is not None else None
-        status = root.get("exit_status") if root is not None else None
-        return status if isinstance(status, int) and status > 0 else LaunchError.exit_code
+    def _write_summary(self, end: RunEnd) -> None:
+        if self.config.summary_file:
+            (self._summary or RunSummary(run_id=self.config.rdzv_id)).write(self.config.summary_file, end)
 
-    def _write_summary(self, code: int, error: str | None = None) -> None:
-        if not self.config.summary_file:
-            return
-        summary = self.summary or RunSummary(run_id=self.config.rdzv_id)
-        summary.exit_code = code
-        if error is not None:
-            summary.result, summary.error = "launcher_error", error
-        summary.write(self.config.summary_file)
-
-    def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> int:
+    def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> RunEnd:
         attempt = restarts = 0
         while True:
             try:
                 node = wait_interruptibly(inbox, self.rendezvous.assign, attempt, self.config.nproc_per_node)
             except JobEnded as ended:
                 say(str(ended))
-                self.summary = RunSummary(run_id=self.config.rdzv_id, result="not_needed")
-                return 0
+                return RunEnd.not_needed()
             if isinstance(node, Interrupted):
                 return self._stopped_by_signal(node.signal_number, "while waiting for the other nodes")
             # Several nodes number attempts for the whole job: a node that joins late takes the job's number.
             attempt = node.restart_count
-            if self.summary is None:
-                self.summary = RunSummary(run_id=node.run_id)
+            if self._summary is None:
+                self._summary = RunSummary(run_id=node.run_id)
                 self._run_dir = make_run_log_dir(self.config.log_dir, node.run_id)
-            self.summary.restarts = attempt
+            self._summary.restarts = attempt
             records: list[FailureRecord] = []
             group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.shutdown_timeout, guard=guard,
                                 on_failure=self._publisher(node, records), hang_timeout=self.config.hang_timeout,
@@ -126,14 +114,14 @@ class Agent:
                                 on_stacks=self._stacks_publisher(node))
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
-            self.summary.add_attempt(attempt, outcome.results, self.rendezvous.attempt_record())
+            self._summary.add_attempt(attempt, outcome.results, self.rendezvous.attempt_record())
             if outcome.launcher_signal is not None:
                 return self._stopped_by_signal(outcome.launcher_signal)
             end = wait_interruptibly(inbox, self.rendezvous.finish_attempt, outcome.succeeded)
             if isinstance(end, Interrupted):
                 return self._stopped_by_signal(end.signal_number, "while waiting for the other nodes")
             if end.succeeded:
-                return 0
+                return RunEnd.succeeded()
             attempt += 1
             if end.admitting:
                 continue  # torchrun's rule: letting waiting nodes in spends no restart
@@ -200,55 +188,30 @@ class Agent:
             return [first, *local]
         return local
 
-    def _fail(self, failures: list[FailureRecord], outcome: GroupOutcome) -> int:
-        assert self.summary is not None
-        self.summary.result = "failed"
+    def _fail(self, failures: list[FailureRecord], outcome: GroupOutcome) -> RunEnd:
         if not failures:
             say(f"workers stopped: {outcome.stop_reason or 'stop requested'}")
-            if outcome.start_failed:
-                self.summary.result, self.summary.error = "launcher_error", outcome.stop_reason
-            return 1
-        root = failures[0]
-        self.summary.root_cause = failure_as_dict(root)
-        console(2).write((format_report(self.config.command.script, failures) + "\n").encode(errors="replace"))
-        if root.reason == "oom_killed":
-            where = f" on node {root.node_rank}" if root.nnodes > 1 else ""
-            say(f"rank {root.rank}{where} was killed by the kernel's OOM killer{peak_rss_note(root.peak_rss_mib)}")
-        return root.exit_status
+            if outcome.start_failed and outcome.stop_reason is not None:
+                return RunEnd.launcher_error(outcome.stop_reason)
+            return RunEnd.failed([])
+        return self._reported(RunEnd.failed(failures))
 
-    def _hung(self, node: NodeAssignment, hang: Hang) -> int:
-        """The report of a hung attempt: where every rank stood (the job's, on node 0), and their stacks."""
-        from xlarun.supervision.stacks import describe_positions, rank_ranges  # loaded only when a run hangs
-
-        assert self.summary is not None
+    def _hung(self, node: NodeAssignment, hang: Hang) -> RunEnd:
+        """The end of a hung attempt: where every rank stood (the job's, on node 0), and their stacks."""
         own = node_stacks(node, hang)
         nodes = self.rendezvous.job_stacks(own, STACKS_WAIT) if node.node_rank == 0 else [own]
-        positions = {rank: where for stacks in nodes for rank, where in stacks.positions.items()}
-        say(f"the workers are hung: {hang.reason}")
-        if positions:
-            say(f"where the ranks stand: {describe_positions(positions)}")
-        for stacks in nodes:
-            if stacks.stacks_files:
-                on = f" on node {stacks.node_rank} ({stacks.host})" if node.nnodes > 1 else ""
-                attempt_dir = os.path.dirname(os.path.dirname(next(iter(stacks.stacks_files.values()))))
-                say(f"every thread's stack{on}: {os.path.join(attempt_dir, '<local_rank>', STACKS_FILE)}")
-        missing = sorted(set(range(node.world_size)) - set(positions)) if node.node_rank == 0 else []
-        if missing and node.nnodes > 1:
-            say(f"no stacks came from rank{'s' if len(missing) > 1 else ''} {rank_ranges(missing)}")
-        self.summary.result = "hung"
-        self.summary.root_cause = {"reason": "hung", "message": hang.reason, "exit_status": HUNG_EXIT_CODE,
-                                   "positions": {str(rank): where for rank, where in sorted(positions.items())},
-                                   "stacks_files": {str(rank): path for stacks in nodes
-                                                    for rank, path in sorted(stacks.stacks_files.items())}}
-        return HUNG_EXIT_CODE
+        stood = {rank for stacks in nodes for rank in stacks.positions}
+        missing = sorted(set(range(node.world_size)) - stood) if node.node_rank == 0 and node.nnodes > 1 else []
+        return self._reported(RunEnd.hung(HangCause(hang.reason, tuple(nodes), node.nnodes, tuple(missing))))
 
-    def _stopped_by_signal(self, number: int, when: str = "") -> int:
-        if self.summary is None:
-            self.summary = RunSummary(run_id=self.config.rdzv_id)
-        self.summary.result = "signalled"
-        self.summary.launcher_signal = signal_name(number)
+    def _reported(self, end: RunEnd) -> RunEnd:
+        self._root_cause = end.root_cause
+        print_root_cause(end, self.config.command.script)
+        return end
+
+    def _stopped_by_signal(self, number: int, when: str = "") -> RunEnd:
         say(f"received {signal_name(number)} {when or 'and stopped the workers'}")
-        return 128 + number
+        return RunEnd.signalled(number)
 
 
 STACKS_WAIT = 10.0
@@ -308,8 +271,8 @@ def wait_interruptibly(inbox: SignalInbox, call: Callable[..., T], *args: Any) -
 
 
 def describe(failure: FailureRecord) -> str:
-    if failure.returncode < 0:
-        how = f"was killed by {signal_name(-failure.returncode)}"
+    if failure.signal is not None:
+        how = f"was killed by {failure.signal}"
     else:
         how = f"exited with code {failure.returncode}"
     where = f" on node {failure.node_rank}" if failure.node_rank else ""

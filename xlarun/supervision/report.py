@@ -1,8 +1,10 @@
-"""The failure report (torchrun's "Root Cause" block) and the JSON summary file.
+"""The failure report (torchrun's "Root Cause" block) and the JSON summary file, both of a run's
+:class:`~xlarun.supervision.end.RunEnd`.
 
 The report keeps torchrun's layout so people and log parsers recognise it, without the
 launcher traceback torchrun prints before it. The root cause is the first failure the
 launcher observed; :class:`~xlarun.failures.FailureRecord` says where each traceback comes from.
+A hung run's report says where the ranks stood instead (:func:`print_root_cause`).
 
 What a worker wrote (its error file, its stderr) is untrusted input: a record quotes at most the
 last :data:`MAX_QUOTED_BYTES` of it, the report shows its control characters escaped, and the
@@ -21,13 +23,12 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from xlarun.console import say
-from xlarun.contract import read_error_file
+from xlarun.console import console, say
+from xlarun.contract import STACKS_FILE, read_error_file
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
+from xlarun.supervision.end import HangCause, RootCause, RunEnd
 from xlarun.supervision.group import WorkerResult
 
-HUNG_EXIT_CODE = 124
-"""The launcher's exit code when the workers were found hung (``--hang-timeout``), as timeout(1)'s."""
 MAX_WIDTH = 60
 MAX_QUOTED_BYTES = 64 * 1024
 """The most of a worker's text (traceback, message, stderr tail) a record keeps: its end, where the
@@ -102,17 +103,37 @@ def format_report(name: str, failures: list[FailureRecord]) -> str:
                       "Root Cause (first observed failure):", blocks[0], "=" * width])
 
 
+def print_root_cause(end: RunEnd, script: str) -> None:
+    """Print on stderr why the run ended, where a worker failed or the workers hung: torchrun's report
+    (and the OOM killer named, where it killed the root cause); or where the ranks stood and where
+    every thread's stack was written."""
+    cause = end.root_cause
+    if isinstance(cause, FailureRecord):
+        console(2).write((format_report(script, [cause, *end.other_failures]) + "\n").encode(errors="replace"))
+        if cause.reason == "oom_killed":
+            where = f" on node {cause.node_rank}" if cause.nnodes > 1 else ""
+            say(f"rank {cause.rank}{where} was killed by the kernel's OOM killer{peak_rss_note(cause.peak_rss_mib)}")
+    elif isinstance(cause, HangCause):
+        from xlarun.supervision.stacks import describe_positions, rank_ranges  # loaded only when a run hangs
+
+        say(f"the workers are hung: {cause.message}")
+        if cause.positions:
+            say(f"where the ranks stand: {describe_positions(cause.positions)}")
+        for stacks in cause.nodes:
+            if stacks.stacks_files:
+                on = f" on node {stacks.node_rank} ({stacks.host})" if cause.nnodes > 1 else ""
+                attempt_dir = os.path.dirname(os.path.dirname(next(iter(stacks.stacks_files.values()))))
+                say(f"every thread's stack{on}: {os.path.join(attempt_dir, '<local_rank>', STACKS_FILE)}")
+        if cause.missing:
+            say(f"no stacks came from rank{'s' if len(cause.missing) > 1 else ''} {rank_ranges(cause.missing)}")
+
+
 @dataclass
 class RunSummary:
-    """What the summary file records for CI scripts."""
+    """What the summary file records for CI scripts: the run's attempts as they end, and then its end."""
 
     run_id: str
-    exit_code: int = 0
-    result: str = "succeeded"
     restarts: int = 0
-    launcher_signal: str | None = None
-    error: str | None = None
-    root_cause: dict[str, Any] | None = None
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
     def add_attempt(self, number: int, results: list[WorkerResult],
@@ -128,9 +149,17 @@ class RunSummary:
              **({"stack": r.position} if r.position is not None else {})}
             for r in results], **(nodes or {})})
 
-    def write(self, path: str) -> None:
-        """Write the record whole (a reader sees the old file or the new one); a path that cannot take it
-        costs one line, not the run's exit code.
+    def record(self, end: RunEnd) -> dict[str, Any]:
+        """The file's JSON object: the run, how it ended, its attempts."""
+        return {"run_id": self.run_id, "exit_code": end.exit_code, "result": end.result, "restarts": self.restarts,
+                "launcher_signal": None if end.launcher_signal is None else signal_name(end.launcher_signal),
+                "error": end.error,
+                "root_cause": None if end.root_cause is None else root_cause_record(end.root_cause),
+                "attempts": self.attempts}
+
+    def write(self, path: str, end: RunEnd) -> None:
+        """Write the record of the run that ended so whole (a reader sees the old file or the new one); a path
+        that cannot take it costs one line, not the run's exit code.
 
         The record is written to a temporary file beside ``path``, then renamed over it. The temporary's
         name is random and it is created only if nothing is there (``O_EXCL``, which refuses a link too):
@@ -145,7 +174,7 @@ class RunSummary:
                                  0o666)
             try:
                 with os.fdopen(descriptor, "w") as handle:
-                    json.dump(asdict(self), handle, indent=2)
+                    json.dump(self.record(end), handle, indent=2)
                     handle.write("\n")
                 os.replace(temporary, path)
             except BaseException:
@@ -156,10 +185,11 @@ class RunSummary:
             say(f"cannot write the summary file {path}: {error.strerror}")
 
 
-def failure_as_dict(failure: FailureRecord) -> dict[str, Any]:
-    """The summary's ``root_cause``: the record, its exit status and, for a signal, the signal's name."""
-    data = asdict(failure)
-    data["exit_status"] = failure.exit_status
-    if failure.returncode < 0:
-        data["signal"] = signal_name(-failure.returncode)
-    return data
+def root_cause_record(cause: RootCause) -> dict[str, Any]:
+    """The summary's ``root_cause``: a failure's record with its exit status and, for a signal, the
+    signal's name; or a hang's ``reason``, ``message``, ``exit_status``, ``positions`` and ``stacks_files``."""
+    if isinstance(cause, HangCause):
+        return {"reason": "hung", "message": cause.message, "exit_status": cause.exit_status,
+                "positions": {str(rank): where for rank, where in cause.positions.items()},
+                "stacks_files": {str(rank): path for rank, path in cause.stacks_files.items()}}
+    return {**asdict(cause), "exit_status": cause.exit_status, **({"signal": cause.signal} if cause.signal else {})}
