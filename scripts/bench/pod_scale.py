@@ -30,8 +30,9 @@ from typing import Any, cast
 from xlarun.config import LaunchConfig, WorkerCommand
 from xlarun.failures import FailureRecord
 from xlarun.host.ports import free_port, host_port
+from xlarun.rdzv_conf import default_seconds
 from xlarun.rendezvous import multi_node_rendezvous
-from xlarun.rendezvous.store import DEFAULT_HEARTBEAT_TIMEOUT, Client, tcp_client
+from xlarun.rendezvous.store import Client, tcp_client
 
 from .common import BenchError, cpu_model, progress
 
@@ -312,7 +313,7 @@ def raise_open_file_limit() -> None:
 
 
 def pod_table(samples: list[PodSample]) -> list[str]:
-    notice_goal = DEFAULT_HEARTBEAT_TIMEOUT + POD_NOTICE_SLACK_S
+    notice_goal = default_seconds("heartbeat_timeout") + POD_NOTICE_SLACK_S
     rows = [
         "| nodes | join (s) | restart round (s) | store requests/s while running | per node per s "
         f"| silent node noticed (s, goal ≤ {notice_goal:.0f}) | silence → every node stopped (s) "

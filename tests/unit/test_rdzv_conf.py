@@ -7,8 +7,15 @@ Everything else, however spelt (even with the quotes a shell never stripped), is
 
 from __future__ import annotations
 
+import itertools
+import re
+import subprocess
+import sys
+
 import pytest
-from helpers import prepare, refusal
+from helpers import REPO, prepare, refusal
+
+from xlarun.rdzv_conf import SETTINGS, default_seconds, markdown_table
 
 QUOTED = "'join_timeout=5,last_call_timeout=1,timeout=5'"
 """What a test harness passes when it builds the command line without a shell: the quotes stay."""
@@ -57,3 +64,61 @@ def test_read_timeout_bounds_an_unanswered_store_call_and_is_checked_where_read(
     assert Timeouts.read({"read_timeout": "4"}, 600).call == 4
     with pytest.raises(UsageError, match="read_timeout='0' is invalid: expected a positive number of seconds"):
         Timeouts.read({"read_timeout": "0"}, 600)
+
+
+def test_every_setting_is_in_the_help_with_its_default() -> None:
+    # The real command's help, as click renders and wraps it.
+    help_text = subprocess.run([sys.executable, "-m", "xlarun", "--help"], capture_output=True, text=True, check=True,
+                               cwd=REPO).stdout
+    text = " ".join(help_text.split())
+    missing = [setting.key for setting in SETTINGS
+               if not re.search(rf"(?<![\w-]){setting.key} \({re.escape(setting.default)}[,)]", text)]
+    assert missing == []
+    assert f"{SETTINGS[-1].meaning}. Other keys are ignored." in text
+
+
+def test_the_rendezvous_reads_its_defaults_from_the_table() -> None:
+    from xlarun.rendezvous.store import Timeouts, conf_seconds
+
+    assert Timeouts.read({}) == Timeouts(join=default_seconds("join_timeout"), heartbeat=default_seconds(
+        "heartbeat_timeout"), close=default_seconds("close_timeout"), call=default_seconds("read_timeout"))
+    assert conf_seconds({}, "timeout") == default_seconds("timeout")
+    with pytest.raises(KeyError):
+        default_seconds("token")
+
+
+def test_every_key_torchrun_checks_is_in_the_table_under_its_backend() -> None:
+    from xlarun.cli.rules import RDZV_CONF_READ
+
+    checked = {(backend, key) for backend, keys in RDZV_CONF_READ.items() for key in keys}
+    listed = {(backend, setting.key) for setting in SETTINGS for backend in setting.backends}
+    assert sorted(checked - listed) == []
+
+
+def table_rows(lines: list[str]) -> list[list[str]]:
+    """The cells of a markdown table's rows, its header and its rule among them."""
+    return [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+
+
+def manual_tables() -> dict[str, list[list[str]]]:
+    """Each table of ``--rdzv-conf`` keys in the manual (README.md and the pages under docs/), by page and line.
+
+    A table counts as one where its header is the one :func:`xlarun.rdzv_conf.markdown_table` writes,
+    wherever the page that holds it stands.
+    """
+    header = table_rows(markdown_table().splitlines()[:1])[0]
+    found = {}
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("**/*.md"))]:
+        lines = page.read_text().splitlines()
+        for number, line in enumerate(lines):
+            if line.lstrip().startswith("|") and table_rows([line])[0] == header:
+                table = itertools.takewhile(lambda row: row.lstrip().startswith("|"), lines[number:])
+                found[f"{page.relative_to(REPO)}:{number + 1}"] = table_rows(list(table))
+    return found
+
+
+def test_the_manuals_table_of_keys_is_the_one_in_the_code() -> None:
+    tables = manual_tables()
+    assert len(tables) == 1, f"the manual should hold one table of --rdzv-conf keys, as xlarun.rdzv_conf." \
+                             f"markdown_table() writes it; found {sorted(tables) or 'none'}"
+    assert next(iter(tables.values())) == table_rows(markdown_table().splitlines())

@@ -38,6 +38,7 @@ from xlarun.exceptions import InvalidValue, UsageError
 from xlarun.flags import flag
 from xlarun.host.devices import DEVICES
 from xlarun.planning.packages import RUNTIMES
+from xlarun.rdzv_conf import help_text as rdzv_conf_help
 from xlarun.runtimes import COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
 
 TORCHRUN = "torchrun"
@@ -315,11 +316,7 @@ OPTIONS: tuple[Option, ...] = (
               shown_default=f"MASTER_ADDR:{DEFAULT_C10D_PORT} under c10d"),
     _torchrun(("--rdzv-id", "--rdzv_id"), "Job id, the same on every node; workers get it as TORCHELASTIC_RUN_ID.",
               text, "none", metavar="ID"),
-    _torchrun(("--rdzv-conf", "--rdzv_conf"),
-              "Rendezvous options: join_timeout (600 s), last_call_timeout (30), close_timeout (30), "
-              "heartbeat_timeout (5), timeout (the static join, as join_timeout), is_host (true: this node serves "
-              "the c10d store), token (the job's shared token, or XLARUN_RDZV_TOKEN). Other keys are ignored.",
-              parse_rdzv_conf, "", "expected key=value[,key=value...]", metavar="KEY=VALUE,...", shown_default=""),
+    _torchrun(("--rdzv-conf", "--rdzv_conf"), rdzv_conf_help(), parse_rdzv_conf, "", "expected key=value[,key=value...]", metavar="KEY=VALUE,...", shown_default=""),
     _torchrun(("--standalone",), "One node on a free localhost port with a fresh run id; the rendezvous flags are "
                                  "ignored."),
     _torchrun(("--max-restarts", "--max_restarts"), "Restart every node's workers together after a failure, up to "

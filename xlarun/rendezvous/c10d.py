@@ -36,7 +36,6 @@ from xlarun.host.ports import address_facing, is_local_address
 from xlarun.rendezvous import JobEnded
 from xlarun.rendezvous.joining import LeadAttempt, Member, Seat, take_seat
 from xlarun.rendezvous.store import (
-    DEFAULT_JOIN_TIMEOUT,
     STATUS_INTERVAL,
     Client,
     Connector,
@@ -112,7 +111,7 @@ class C10dSeating:
     def __init__(self, config: LaunchConfig, keys: JobKeys, status: StatusLine, connector: Connector,
                  create_handler: HandlerFactory = torch_handler):
         # torchrun's c10d handler never reads "timeout" (its static rendezvous does).
-        self.timeouts = Timeouts.read(config.rdzv_conf, DEFAULT_JOIN_TIMEOUT)
+        self.timeouts = Timeouts.read(config.rdzv_conf)
         self._config = config
         self._keys = keys
         self._status = status

@@ -25,7 +25,7 @@ from xlarun.exceptions import UsageError
 from xlarun.flags import flag
 from xlarun.host.ports import is_local_address
 from xlarun.rendezvous.joining import LeadAttempt, Member, Seat, claim_node_rank, current_attempt, take_seat
-from xlarun.rendezvous.store import DEFAULT_JOIN_TIMEOUT, Client, JobKeys, StoreRole, Timeouts, conf_seconds
+from xlarun.rendezvous.store import Client, JobKeys, StoreRole, Timeouts, conf_seconds
 
 
 class StaticSeating:
@@ -36,7 +36,7 @@ class StaticSeating:
         self._keys = keys
         self._status = status
         conf = config.rdzv_conf
-        self.timeouts = Timeouts.read(conf, conf_seconds(conf, "timeout", DEFAULT_JOIN_TIMEOUT))
+        self.timeouts = Timeouts.read(conf, conf_seconds(conf, "timeout"))
         # Node 0 serves the store: a store lost before the first seat is node 0's.
         self.store_host_node: int | None = 0
         self.connections: tuple[str, ...] = ()

@@ -25,14 +25,8 @@ from xlarun.config import TORCH_TRUE_WORDS
 from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
+from xlarun.rdzv_conf import default_seconds
 
-DEFAULT_JOIN_TIMEOUT = 600.0
-DEFAULT_HEARTBEAT_TIMEOUT = 5.0
-DEFAULT_CLOSE_TIMEOUT = 30.0
-# How long a connection may take to open, and a store may leave a call (a heartbeat among them)
-# unanswered before it is taken for gone (a host that vanished without closing its connections):
-# ``read_timeout``, torchrun's name for its TCPStore's timeout (60 s there).
-DEFAULT_READ_TIMEOUT = 30.0
 # How often a status line on a terminal is redrawn while the agent waits.
 STATUS_INTERVAL = 0.5
 
@@ -108,10 +102,12 @@ def first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
-def conf_seconds(conf: Mapping[str, str], key: str, default: float) -> float:
+def conf_seconds(conf: Mapping[str, str], key: str, default: float | None = None) -> float:
+    """A ``--rdzv_conf`` number of seconds; where unset, ``default`` if given, else the key's own default
+    (:data:`xlarun.rdzv_conf.SETTINGS`)."""
     text = conf.get(key)
     if text is None:
-        return default
+        return default_seconds(key) if default is None else default
     try:
         value = float(text)
     except ValueError:
@@ -139,15 +135,17 @@ class Timeouts:
     heartbeat: float
     close: float
     call: float
-    """How long a store call may go unanswered: torchrun's ``read_timeout``."""
+    """How long a connection may take to open, and a store may leave a call (a heartbeat among them)
+    unanswered before it is taken for gone (a host that vanished without closing its connections):
+    torchrun's ``read_timeout``."""
 
     @classmethod
-    def read(cls, conf: Mapping[str, str], join_default: float) -> Timeouts:
-        """``join_default`` is the backend's: torchrun's static rendezvous reads ``timeout`` for it."""
+    def read(cls, conf: Mapping[str, str], join_default: float | None = None) -> Timeouts:
+        """``join_default``, where given, is the backend's: torchrun's static rendezvous reads ``timeout`` for it."""
         return cls(join=conf_seconds(conf, "join_timeout", join_default),
-                   heartbeat=conf_seconds(conf, "heartbeat_timeout", DEFAULT_HEARTBEAT_TIMEOUT),
-                   close=conf_seconds(conf, "close_timeout", DEFAULT_CLOSE_TIMEOUT),
-                   call=conf_seconds(conf, "read_timeout", DEFAULT_READ_TIMEOUT))
+                   heartbeat=conf_seconds(conf, "heartbeat_timeout"),
+                   close=conf_seconds(conf, "close_timeout"),
+                   call=conf_seconds(conf, "read_timeout"))
 
     @property
     def beat_interval(self) -> float:
