@@ -316,7 +316,8 @@ OPTIONS: tuple[Option, ...] = (
               shown_default=f"MASTER_ADDR:{DEFAULT_C10D_PORT} under c10d"),
     _torchrun(("--rdzv-id", "--rdzv_id"), "Job id, the same on every node; workers get it as TORCHELASTIC_RUN_ID.",
               text, "none", metavar="ID"),
-    _torchrun(("--rdzv-conf", "--rdzv_conf"), rdzv_conf_help(), parse_rdzv_conf, "", "expected key=value[,key=value...]", metavar="KEY=VALUE,...", shown_default=""),
+    _torchrun(("--rdzv-conf", "--rdzv_conf"), rdzv_conf_help(), parse_rdzv_conf, "",
+              "expected key=value[,key=value...]", metavar="KEY=VALUE,...", shown_default=""),
     _torchrun(("--standalone",), "One node on a free localhost port with a fresh run id; the rendezvous flags are "
                                  "ignored."),
     _torchrun(("--max-restarts", "--max_restarts"), "Restart every node's workers together after a failure, up to "
