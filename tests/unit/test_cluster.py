@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import re
+from typing import get_args
 
 import pytest
 from helpers import TESTS, prepare, refusal
@@ -13,6 +14,7 @@ from xlarun.cli.cluster import (
     SLURM_PORT_BLOCK,
     SLURM_PORT_BLOCKS,
     ClusterSettings,
+    SchedulerKind,
     detect_cluster,
     slurm_master_port,
 )
@@ -295,17 +297,23 @@ def test_auto_finds_nothing_outside_a_static_cluster_job(name):
 
 def test_auto_takes_mpirun_inside_a_slurm_allocation():
     environ = {**fixture("slurm_batch_two_nodes"), **fixture("mpi_npernode1_rank1")}
-    assert detect_cluster("auto", environ).kind == "mpi"
+    found = detect_cluster("auto", environ)
+    assert found is not None and found.kind == "mpi"
 
 
 def test_auto_takes_the_tpu_slice_over_its_pod():
     environ = {**fixture("gke_tpu_worker1"), "MASTER_ADDR": "somewhere", "RANK": "0", "WORLD_SIZE": "1"}
-    assert detect_cluster("auto", environ).kind == "gke-tpu"
+    found = detect_cluster("auto", environ)
+    assert found is not None and found.kind == "gke-tpu"
 
 
 def test_auto_reports_a_broken_environment_of_the_kind_it_found():
     with pytest.raises(UsageError, match="runs outside a job step"):
         detect_cluster("auto", fixture("slurm_batch_two_nodes"))
+
+
+def test_the_scheduler_kinds_are_the_options_less_none_and_auto():
+    assert ("none", "auto", *get_args(SchedulerKind)) == CLUSTER_KINDS
 
 
 def test_explicit_kind_on_an_empty_environment_names_its_variables():

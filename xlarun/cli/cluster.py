@@ -70,6 +70,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Literal, overload
 
 from xlarun.cli.hostlist import first_host
 from xlarun.exceptions import UsageError
@@ -134,8 +135,22 @@ class ClusterSettings:
         return self.master_addr
 
 
+SchedulerKind = Literal["slurm", "k8s", "gke-tpu", "tpu-vm", "mpi"]
+"""The kinds that name one scheduler (:data:`xlarun.cli.options.CLUSTER_KINDS` less ``none`` and ``auto``):
+for them :func:`detect_cluster` gives settings or refuses, never None."""
+
+
+@overload
+def detect_cluster(kind: SchedulerKind, environ: Mapping[str, str]) -> ClusterSettings: ...
+
+
+@overload
+def detect_cluster(kind: str, environ: Mapping[str, str]) -> ClusterSettings | None: ...
+
+
 def detect_cluster(kind: str, environ: Mapping[str, str]) -> ClusterSettings | None:
-    """This node's settings from the cluster ``kind`` (one of :data:`xlarun.options.CLUSTER_KINDS`) and ``environ``.
+    """This node's settings from the cluster ``kind`` (one of :data:`xlarun.cli.options.CLUSTER_KINDS`) and
+    ``environ``.
 
     ``none`` gives None; ``auto`` gives the settings of the first kind whose marker
     variable is present, or None. Raises UsageError when the
