@@ -371,6 +371,10 @@ def test_a_refusal_names_the_scheduler_variable_behind_a_value():
     message = refusal("--cluster", "slurm", "--nnodes", "1", "t.py", env=fixture("slurm_step_node1"))
     assert message == "--node-rank=1 (from --cluster slurm: SLURM_NODEID) is out of range: with --nnodes=1 it must be 0..0"
 
+    environ = fixture("mpi_npernode1_rank1", PMIX_NAMESPACE="job/1")
+    message = refusal("--cluster", "mpi", "--master-addr", "a", "t.py", env=environ)
+    assert message.startswith("--rdzv-id (from --cluster mpi: PMIX_NAMESPACE)='job/1' cannot be a run id")
+
 
 @pytest.mark.parametrize("flags, env, expected", [
     # The scheduler wins over the PET_* variables ...
