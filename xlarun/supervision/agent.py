@@ -117,20 +117,20 @@ class Agent:
             self._summary.add_attempt(attempt, outcome.results, self.rendezvous.attempt_record())
             if outcome.launcher_signal is not None:
                 return self._stopped_by_signal(outcome.launcher_signal)
-            end = wait_interruptibly(inbox, self.rendezvous.finish_attempt, outcome.succeeded)
-            if isinstance(end, Interrupted):
-                return self._stopped_by_signal(end.signal_number, "while waiting for the other nodes")
-            if end.succeeded:
+            attempt_end = wait_interruptibly(inbox, self.rendezvous.finish_attempt, outcome.succeeded)
+            if isinstance(attempt_end, Interrupted):
+                return self._stopped_by_signal(attempt_end.signal_number, "while waiting for the other nodes")
+            if attempt_end.succeeded:
                 return RunEnd.succeeded()
             attempt += 1
-            if end.admitting:
+            if attempt_end.admitting:
                 continue  # torchrun's rule: letting waiting nodes in spends no restart
             failures = self._failures(records, node)
             if restarts >= self.config.max_restarts:
                 if outcome.hang is not None:
                     return self._hung(node, outcome.hang)
-                if end.lost and not failures:
-                    raise LaunchError(end.lost)
+                if attempt_end.lost and not failures:
+                    raise LaunchError(attempt_end.lost)
                 return self._fail(failures, outcome)
             restarts += 1
             if outcome.hang is not None:
@@ -140,7 +140,8 @@ class Agent:
 
                     say(f"where the ranks of attempt {attempt - 1} stood: {describe_positions(outcome.hang.positions)}")
             else:
-                how = f"failed ({describe(failures[0]) if failures else end.lost or outcome.stop_reason or 'stopped'})"
+                why = describe(failures[0]) if failures else attempt_end.lost or outcome.stop_reason or "stopped"
+                how = f"failed ({why})"
             say(f"attempt {attempt - 1} {how}; restarting the worker group "
                 f"(restart {restarts} of {self.config.max_restarts})")
 
@@ -205,6 +206,7 @@ class Agent:
         return self._reported(RunEnd.hung(HangCause(hang.reason, tuple(nodes), node.nnodes, tuple(missing))))
 
     def _reported(self, end: RunEnd) -> RunEnd:
+        """``end``, its root cause printed; that is the run's root cause from now on, should printing it fail."""
         self._root_cause = end.root_cause
         print_root_cause(end, self.config.command.script)
         return end
