@@ -10,8 +10,9 @@
   it stops at the end of the session unless another session still uses it. Tests that use it
   carry the ``slurm`` marker, so ``-m "not slurm"`` never starts the cluster.
 
-Every test under ``tests/unit/`` carries the ``unit`` marker (in-process, no launcher started),
-given here by folder; the tests under ``tests/launch/`` run real processes.
+Every test under ``tests/unit/`` carries the ``unit`` marker (in-process, no launcher started)
+and every test under ``tests/launch/`` the ``launch`` marker (real processes), given here by
+folder; the launch files of :data:`TORCH_FREE` carry ``torch_free`` as well.
 """
 
 from __future__ import annotations
@@ -26,6 +27,20 @@ from helpers import TESTS, free_port, use_launcher_tmpdir
 from multinode import Nodes
 
 UNIT = TESTS / "unit"
+LAUNCH = TESTS / "launch"
+TORCH_FREE = frozenset({
+    "test_bad_input.py",
+    "test_exit_codes.py",
+    "test_faults.py",
+    "test_orphans.py",
+    "test_restarts.py",
+    "test_signals.py",
+    "test_untrusted_input.py",
+})
+"""The launch files whose launchers and workers never import torch and whose outcome no installed
+package decides (a refusal made before the device plan, signals, exit codes, faults, orphans,
+restarts, hostile error files: plain Python workers): a second stack with another torch release
+could not make them differ, so scripts/test.sh runs them on one."""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -92,7 +107,7 @@ def slurm_env() -> Iterator[dict[str, str]]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the unit layer by folder, leave out the markers ``XLARUN_TESTS_LEAVE_OUT`` names, and
+    """Mark the layers by folder and the launch files of :data:`TORCH_FREE`, leave out the markers ``XLARUN_TESTS_LEAVE_OUT`` names, and
     refuse a test that uses ``slurm_env`` without the ``slurm`` marker: ``-m "not slurm"`` would
     select it and start the cluster that the marker promises to leave alone.
 
@@ -103,6 +118,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.is_relative_to(UNIT):
             item.add_marker(pytest.mark.unit)
+        elif item.path.is_relative_to(LAUNCH):
+            item.add_marker(pytest.mark.launch)
+            if item.path.name in TORCH_FREE:
+                item.add_marker(pytest.mark.torch_free)
     left_out = {marker for marker in os.environ.get("XLARUN_TESTS_LEAVE_OUT", "").split(",") if marker}
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
