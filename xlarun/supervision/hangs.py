@@ -6,7 +6,9 @@ Usage (the worker group drives it from its event loop)::
     watch = HangWatch(timeout=600.0, cpu_seconds=lambda: {0: 1.2, 1: 1.1})
     watch.saw_progress()                # a line of output, a torch_xla step: costs one clock read
     timeout = watch.seconds_left()      # the loop's select() waits no longer than this
-    verdict = watch.check()             # once it is up: None, BUSY (say so once) or HUNG
+    verdict = watch.check()             # once it is up: None, BUSY or HUNG
+    if verdict is Verdict.BUSY and watch.busy_checks == 1:
+        say(busy_notice(watch))         # said once: the silence goes on being checked
 
 Progress is what the launcher sees of the workers without polling: every chunk of output it
 relays (stderr always, unless redirected to a file; stdout under ``--tee``) and every torch_xla
@@ -49,6 +51,8 @@ class HangWatch:
         self._sample: tuple[float, Mapping[int, float]] | None = None
         self.busy_ranks: list[int] = []
         """The workers found busy at the last check."""
+        self.busy_checks = 0
+        """How many checks found them busy."""
 
     @property
     def quiet_for(self) -> float:
@@ -82,9 +86,20 @@ class HangWatch:
         if not self.busy_ranks:
             return Verdict.HUNG
         # Busy: the next look comes a timeout later.
+        self.busy_checks += 1
         self._next_check = now + self.timeout
         self._sample = None
         return Verdict.BUSY
+
+
+def busy_notice(watch: HangWatch) -> str:
+    """The line that says a silent group is busy, not hung."""
+    from xlarun.supervision.stacks import rank_ranges  # loaded once a group is busy, not by every watch
+
+    ranks = watch.busy_ranks
+    return (f"local rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} made no progress for "
+            f"{watch.timeout:g} s but {'use' if len(ranks) > 1 else 'uses'} the CPU (an XLA compile?): "
+            "not hung; the run goes on")
 
 
 def group_cpu_seconds(pgids: Iterable[int]) -> dict[int, float]:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import IO, Protocol
 
 from xlarun.host.procfs import process_stats
-from xlarun.supervision.relay import WorkerLogPlan
+from xlarun.supervision.relay import StreamPlan, StreamRelay, WorkerLogPlan
 
 
 @dataclass(frozen=True)
@@ -83,6 +83,18 @@ class WorkerProcess(Protocol):
 
 ProcessFactory = Callable[[WorkerSpec, StreamTarget, StreamTarget], WorkerProcess]
 """Starts one worker with its stdout and stderr connected as given; raises OSError when it cannot."""
+
+
+def stream_target(plan: StreamPlan) -> tuple[StreamTarget, StreamRelay | None]:
+    """What the process factory gets for one stream (a pipe, a file descriptor the caller closes once
+    the worker started, /dev/null or the launcher's own), and the relay that reads the pipe."""
+    if plan.relay:
+        return subprocess.PIPE, StreamRelay(plan)
+    if plan.file is not None:
+        return os.open(plan.file, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644), None
+    if plan.console_fd is None:
+        return subprocess.DEVNULL, None
+    return None, None
 
 
 class PosixProcess:

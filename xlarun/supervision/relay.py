@@ -5,17 +5,19 @@ failure report can quote the last lines even when the worker never wrote an erro
 console side goes through the launcher's own writers (:mod:`xlarun.console`), which never block.
 :class:`StreamPlan` says where one stream goes (the log plan, :mod:`xlarun.supervision.logs`,
 decides it), :class:`MatchingLines` where a tee'd stream's matching lines are copied too
-(torchrun's ``--duplicate-*-filters``).
+(torchrun's ``--duplicate-*-filters``). :class:`PipeReaders` reads the workers' pipes into their
+relays from the event loop, and holds back a pipe while its console is too far behind.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import selectors
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import IO, BinaryIO
 
 from xlarun.console import ConsoleWriter, console, say
 from xlarun.contract import STEP_LOG_VARIABLE
@@ -287,6 +289,90 @@ class StreamRelay:
             self._after_carriage_return = shown_pieces[-1].endswith(b"\r")
         if lead or shown_pieces:
             self._console.write(lead + b"".join(self._prefix + piece for piece in shown_pieces))
+
+
+READ_CHUNK = 64 * 1024
+
+Pipe = tuple[IO[bytes], Callable[[], bool]]
+"""A worker's output pipe and the reader that copies what it holds to the stream's relay."""
+
+
+class PipeReaders:
+    """Reads the workers' pipes into their relays from an event loop's selector, with back-pressure.
+
+    Each pipe's reader is the selector's callback for it. While a relay's console is too far
+    behind (:attr:`StreamRelay.paused`), the pipes that feed it leave the selector: the worker then
+    waits in its own write, and the loop goes on watching exits, signals and stops. The console's
+    :attr:`~xlarun.console.ConsoleWriter.space_fd` joins the selector instead, and once it turns
+    readable the paused pipes are read again. ``on_data`` hears of every chunk read.
+    """
+
+    def __init__(self, selector: selectors.BaseSelector, on_data: Callable[[], None] | None = None):
+        self._selector = selector
+        self._on_data = on_data
+        self._paused: dict[IO[bytes], Callable[[], bool]] = {}
+        """Pipes left unread while their console catches up, with their readers."""
+        self._space_watched: set[int] = set()
+
+    def add(self, pipe: IO[bytes], relay: StreamRelay) -> Callable[[], bool]:
+        """Watch ``pipe``; returns its reader, which copies what the pipe holds now and says whether
+        it read anything (False once it is empty for the moment or closed)."""
+        fd = pipe.fileno()
+        os.set_blocking(fd, False)
+
+        def read() -> bool:
+            try:
+                data = os.read(fd, READ_CHUNK)
+            except BlockingIOError:
+                return False
+            if data:
+                if self._on_data is not None:
+                    self._on_data()
+                relay.feed(data)
+                if relay.paused and pipe not in self._paused:
+                    self._pause(pipe, read, relay)
+                return True
+            if pipe in self._paused:
+                del self._paused[pipe]
+            else:
+                self._selector.unregister(pipe)
+            pipe.close()
+            relay.close()
+            return False
+
+        self._selector.register(pipe, selectors.EVENT_READ, read)
+        return read
+
+    def close(self) -> None:
+        """Close the pipes held back (those in the selector are its owner's to close)."""
+        for pipe in self._paused:
+            pipe.close()
+        self._paused.clear()
+
+    def _pause(self, pipe: IO[bytes], read: Callable[[], bool], relay: StreamRelay) -> None:
+        self._selector.unregister(pipe)
+        self._paused[pipe] = read
+        writer = relay.console_writer
+        assert writer is not None
+        if writer.space_fd not in self._space_watched:
+            self._space_watched.add(writer.space_fd)
+            self._selector.register(writer.space_fd, selectors.EVENT_READ, lambda: self._resume(writer))
+
+    def _resume(self, writer: ConsoleWriter) -> None:
+        """The console caught up: its paused pipes are read again."""
+        writer.take_space()
+        if writer.full:
+            return
+        for pipe, read in list(self._paused.items()):
+            del self._paused[pipe]
+            self._selector.register(pipe, selectors.EVENT_READ, read)
+
+
+def drain(pipes: list[Pipe]) -> None:
+    """Read each pipe to its end (its writers are gone), paused or not."""
+    for pipe, read in pipes:
+        while not pipe.closed and read():
+            pass
 
 
 def read_tail(path: str | None, limit: int = TAIL_LINES) -> list[str]:

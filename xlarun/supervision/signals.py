@@ -12,13 +12,18 @@ it says otherwise) end a run: the workers are torn down. :data:`RELAYED_SIGNALS`
 every worker and the run goes on, and :data:`SUSPEND_SIGNAL` suspends the workers with the
 launcher, whether the list names them or not.
 A signal the list leaves out keeps its default action.
+
+:class:`StopRequests` carries the stops other threads ask for (a rendezvous watcher's) to the
+same loop, the same way.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import threading
 from collections.abc import Iterable
+from typing import NamedTuple
 
 RELAYED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 SUSPEND_SIGNAL = signal.SIGTSTP
@@ -74,6 +79,42 @@ class SignalInbox:
             if not data:
                 return received
             received.extend(number for number in data if number in self._signals)
+
+
+class StopRequest(NamedTuple):
+    reason: str
+    hung: bool
+    """Another node found the job hung: the workers' stacks are taken before they are stopped."""
+
+
+class StopRequests:
+    """Stop requests from any thread, as lines on a pipe that the event loop reads (:attr:`fd`)."""
+
+    def __init__(self) -> None:
+        self.fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        # A watcher thread may ask for a stop after the loop is gone: the pipe's descriptor
+        # numbers may by then belong to another file, so closing and writing exclude each other.
+        self._lock = threading.Lock()
+
+    def send(self, reason: str, hung: bool = False) -> None:
+        """Safe from any thread; a no-op once :meth:`close` ran."""
+        with self._lock:
+            if self._write_fd >= 0:
+                os.write(self._write_fd, (b"H" if hung else b"S") + reason.encode()[:512] + b"\n")
+
+    def receive(self) -> list[StopRequest]:
+        """The requests that came since the last call, oldest first."""
+        try:
+            data = os.read(self.fd, 4096)
+        except BlockingIOError:
+            return []
+        return [StopRequest(line[1:], line.startswith("H")) for line in data.decode(errors="replace").splitlines()]
+
+    def close(self) -> None:
+        with self._lock:
+            os.close(self.fd)
+            os.close(self._write_fd)
+            self._write_fd = -1
 
 
 def _ignore_in_handler(signum: int, frame: object) -> None:

@@ -5,6 +5,7 @@ Usage::
     dumps = dump_stacks([StackTarget(rank=0, pid=pid, path=".../attempt_0/0/stacks.txt")])
     positions = {rank: where(text) for rank, text in dumps.items()}
     say(describe_positions(positions))   # rank 2: load_batch (train.py:11) · ranks 0-1,3: all_reduce (train.py:20)
+    taken = snapshot(targets)             # a hung group's: where each stood, which dumps came
 
 A worker's Python armed :mod:`faulthandler` at start (:mod:`xlarun.contract`); a dump is one
 signal to it and a read of what it appended to its file. No ptrace is involved, so this works
@@ -144,6 +145,33 @@ def append_native(path: str, text: str) -> None:
             handle.write(f"\n--- py-spy dump --native ---\n{text}\n")
     except OSError:
         pass  # the worker's directory is gone or refuses: the Python stacks are there already
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Where each worker of a hung group stood, from the stacks it dumped."""
+
+    positions: dict[int, str]
+    """Every target, by rank: :func:`where` its dump shows, or :data:`UNKNOWN` where none came."""
+    stacks_files: dict[int, str]
+    """The dump file of each rank whose dump came."""
+
+
+def snapshot(targets: list[StackTarget]) -> Snapshot:
+    """Every target's Python stacks, taken at once and summed up, in the targets' order."""
+    dumps = dump_stacks(targets)
+    return Snapshot({target.rank: where(dumps[target.rank]) if target.rank in dumps else UNKNOWN
+                     for target in targets},
+                    {target.rank: target.path for target in targets if target.rank in dumps})
+
+
+def add_native_stacks(targets: list[StackTarget]) -> None:
+    """py-spy's native frames after the Python ones in each target's dump file, where py-spy is
+    installed (:func:`native_stacks`)."""
+    natives = native_stacks(target.pid for target in targets)
+    for target in targets:
+        if target.pid in natives:
+            append_native(target.path, natives[target.pid])
 
 
 def _size(path: str) -> int:
