@@ -93,8 +93,13 @@ def test_a_silent_worker_using_the_cpu_is_busy_and_looked_at_again_a_timeout_lat
 
 def test_a_check_before_its_time_says_nothing_and_samples_nothing() -> None:
     samples: list[int] = []
+
+    def cpu_seconds() -> dict[int, float]:
+        samples.append(1)
+        return {}
+
     clock = Clock()
-    watch = HangWatch(10.0, lambda: samples.append(1) or {}, clock=clock)
+    watch = HangWatch(10.0, cpu_seconds, clock=clock)
     clock.now += 5.0
     assert watch.check() is None and samples == []
 

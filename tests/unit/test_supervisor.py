@@ -18,7 +18,7 @@ from typing import IO, Any
 import pytest
 
 from xlarun.supervision.group import GroupOutcome, WorkerGroup, WorkerResult
-from xlarun.supervision.process import StreamTarget, WorkerSpec
+from xlarun.supervision.process import StreamTarget, Usage, WorkerSpec
 from xlarun.supervision.relay import StreamPlan, WorkerLogPlan
 from xlarun.supervision.signals import RELAYED_SIGNALS
 from xlarun.supervision.stacks import UNKNOWN
@@ -39,7 +39,7 @@ class FakeProcess:
         self.ignores = ignores
         self.finishes_on = finishes_on
         self.returncode: int | None = None
-        self.usage = None  # the kernel counts nothing for a stand-in
+        self.usage: Usage | None = None  # the kernel counts nothing for a stand-in
         self._exit_read, self._exit_write = os.pipe()
         self.stdout: IO[bytes] | None = None
         self.stderr: IO[bytes] | None = None
@@ -199,7 +199,7 @@ def test_a_second_stop_signal_skips_the_grace_period(second_signal: int) -> None
 
 def test_a_stop_asked_for_after_the_group_is_gone_writes_nowhere(tmp_path: Path) -> None:
     """A rendezvous watcher may pass on news after the loop closed its stop pipe."""
-    group = WorkerGroup([spec(0)], start_process=lambda worker_spec, stdout, stderr:  # type: ignore[arg-type,return-value]
+    group = WorkerGroup([spec(0)], start_process=lambda worker_spec, stdout, stderr:
                         FakeProcess(worker_spec, stdout, stderr, exit_code=0))
     assert group.run(FakeInbox()).succeeded  # type: ignore[arg-type]
     bystander = tmp_path / "bystander"
@@ -225,7 +225,7 @@ def test_a_fault_in_the_loop_tears_the_group_down_before_it_leaves() -> None:
 
     inbox = BrokenInbox()
     inbox.send(signal.SIGUSR1)
-    group = WorkerGroup([spec(0), spec(1)], kill_timeout=0.05, start_process=start)  # type: ignore[arg-type]
+    group = WorkerGroup([spec(0), spec(1)], kill_timeout=0.05, start_process=start)
     with pytest.raises(RuntimeError, match="the loop broke"):
         group.run(inbox)  # type: ignore[arg-type]
     stubborn, obedient = started
