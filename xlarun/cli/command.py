@@ -183,7 +183,7 @@ def description() -> str:
     return (f"Launch TRAINING_SCRIPT on every worker, as torchrun does, with XLA devices set up.\n\n"
             f"TRAINING_SCRIPT is a Python file, a module with {flag('module')}, or a program with "
             f"{flag('no_python')}. Every argument after it goes to it untouched; ${{local_rank}} in them becomes "
-            "each worker's local rank. README.md covers devices, multi-node jobs and clusters.")
+            "each worker's local rank. README.md and docs/ cover devices, multi-node jobs and clusters.")
 
 
 def epilog() -> str:
@@ -262,7 +262,7 @@ def parse_command_line(args: Sequence[str]) -> CommandLine | None:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    """Console entry point: exits with the run's code (see the README's exit code table)."""
+    """Console entry point: exits with the run's code (see the exit code table in docs/results.md)."""
     from xlarun.cli.launch import launch_from_command_line
 
     hold_standard_streams()

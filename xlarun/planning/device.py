@@ -113,7 +113,7 @@ DRY_RUN_HOSTS: Mapping[str, AssumedHost] = {
     "cuda": AssumedHost(8, "a host with 8 GPUs", "NVIDIA GPUs"),
 }
 """What a dry run on a host without the device assumes, so that a laptop can plan for a TPU VM
-or a Trainium instance; the README lists these defaults."""
+or a Trainium instance; docs/devices.md lists these defaults."""
 
 TPU_HOST_8_CHIPS = AssumedHost(8, "a TPU VM host with 8 chips in 2,4,1 (v5litepod-8, v6e-8)", "TPU chips",
                                tpu_chip="0x006f")
