@@ -102,7 +102,9 @@ def test_signal_death_names_the_signal(port: int) -> None:
     script = worker("chatter.py")
     result = run_xlarun("--nproc_per_node", "2", "--master_port", port, script, "1", "--crash-rank", "1")
     block = report_block(result.stderr, script)
-    pid = re.fullmatch(r"-9 \(pid: (\d+)\)", field(block, "exitcode")).group(1)
+    exitcode = re.fullmatch(r"-9 \(pid: (\d+)\)", field(block, "exitcode"))
+    assert exitcode is not None, block
+    pid = exitcode.group(1)
     assert field(block, "traceback") == f"Signal 9 (SIGKILL) received by PID {pid}"
     assert field(block, "rank") == "1 (local_rank: 1)"
     assert "Traceback" not in result.stderr

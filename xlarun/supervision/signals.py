@@ -11,7 +11,9 @@ The stop signals (``--signals-to-handle``, torchrun's SIGTERM, SIGINT, SIGHUP an
 it says otherwise) end a run: the workers are torn down. :data:`RELAYED_SIGNALS` are passed to
 every worker and the run goes on, and :data:`SUSPEND_SIGNAL` suspends the workers with the
 launcher, whether the list names them or not.
-A signal the list leaves out keeps its default action.
+A signal the list leaves out keeps the disposition the launcher started with: its default action,
+or ignored where the launcher inherited it ignored (a background job's SIGINT and SIGQUIT), as
+under torchrun; the workers inherit it in turn.
 
 :class:`StopRequests` carries the stops other threads ask for (a rendezvous watcher's) to the
 same loop, the same way.
