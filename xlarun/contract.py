@@ -105,9 +105,15 @@ def stacks_file(worker_log_directory: str) -> str:
 
 def hook_variables(stacks_file: str, environ: Mapping[str, str]) -> dict[str, str]:
     """What a worker gets so that its Python arms the dump to ``stacks_file`` (``environ``: the
-    launcher's own, whose ``PYTHONPATH`` comes after the hook's directory and is restored by it)."""
+    launcher's own, whose ``PYTHONPATH`` comes after the hook's directory and is restored by it).
+
+    An empty ``PYTHONPATH`` is an unset one, as Python reads it: a separator after the hook's
+    directory would add an empty entry, which Python reads as the working directory, and put it
+    before the standard library (a ``json.py`` there would replace the real one). The user's own
+    empty entries (``a::b``, ``a:``) stay, as plain Python reads them.
+    """
     inherited = environ.get("PYTHONPATH")
-    path = HOOK_DIRECTORY if inherited is None else HOOK_DIRECTORY + os.pathsep + inherited
+    path = HOOK_DIRECTORY + os.pathsep + inherited if inherited else HOOK_DIRECTORY
     return {STACKS_VARIABLE: f"{int(STACKS_SIGNAL)}:{stacks_file}", "PYTHONPATH": path}
 
 

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 
 from xlarun.config import WorkerCommand
-from xlarun.contract import HOOK_DIRECTORY, RUN_PATH_BOOTSTRAP, STACKS_VARIABLE
+from xlarun.contract import HOOK_DIRECTORY, RUN_PATH_BOOTSTRAP, STACKS_VARIABLE, hook_variables
 
 
 def test_the_hook_reads_the_variable_the_launcher_sets() -> None:
@@ -24,6 +24,13 @@ def test_the_hook_reads_the_variable_the_launcher_sets() -> None:
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)  # under another name than sitecustomize it arms nothing
     assert hook._VARIABLE == STACKS_VARIABLE
+
+
+def test_the_hook_adds_its_directory_and_no_empty_entry() -> None:
+    """An empty PYTHONPATH is an unset one; the user's own empty entries are theirs."""
+    for inherited, expected in ({}, HOOK_DIRECTORY), ({"PYTHONPATH": ""}, HOOK_DIRECTORY), \
+            ({"PYTHONPATH": "a::b:"}, f"{HOOK_DIRECTORY}{os.pathsep}a::b:"):
+        assert hook_variables("stacks.txt", inherited)["PYTHONPATH"] == expected
 
 
 def test_a_run_path_worker_runs_the_bootstrap_file_before_the_script() -> None:
