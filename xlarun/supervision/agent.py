@@ -174,9 +174,10 @@ class Agent:
                               f"{error.strerror or error}") from None
         for local_rank, logs in enumerate(logs_by_rank):
             rank = node.global_rank(local_rank)
-            env = {**self.environ, **self.variables_for(node, local_rank, logs.error_file)}
-            if step_log_on(env):
-                # torch_xla's step lines are counted, and kept out of the console and the logs.
+            variables = self.variables_for(node, local_rank, logs.error_file)
+            env = {**self.environ, **variables}
+            if step_log_on(variables):
+                # The step log xlarun asked for: its lines are counted, and kept out of the console and the logs.
                 logs = dataclasses.replace(logs, stderr=dataclasses.replace(logs.stderr, relay=True, step_log=True))
             specs.append(WorkerSpec(local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank),
                                     env=env, logs=logs))
