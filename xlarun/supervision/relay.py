@@ -134,11 +134,12 @@ STEP_LINES = (b"torch_xla.torch_xla::sync\n", b"torch_xla.core.xla_model::mark_s
 (2.5 and later; ``xla_model.mark_step`` calls it), and ``xla_model.mark_step``'s before."""
 
 
-def step_log_on(environ: Mapping[str, str]) -> bool:
-    """Whether torch_xla prints its step log in a process with this environment (it reads the
-    variable as ``bool(int(value))``)."""
+def step_log_on(variables: Mapping[str, str]) -> bool:
+    """Whether xlarun switched torch_xla's step log on: ``variables`` are what xlarun sets for a worker,
+    not the environment it inherits, as a step log the user asked for is the user's output (torch_xla
+    reads the variable as ``bool(int(value))``)."""
     try:
-        return bool(int(environ.get(STEP_LOG_VARIABLE, "0")))
+        return bool(int(variables.get(STEP_LOG_VARIABLE, "0")))
     except ValueError:
         return False
 
