@@ -1,5 +1,6 @@
-"""One failed worker as the launcher reports it: :class:`FailureRecord`; and how an end is told,
-the one place a signal is named and an exit status worked out (:func:`signal_name`, :func:`exit_status`).
+"""One failed worker as the launcher reports it: :class:`FailureRecord`, with what its stderr says of
+the failure (:func:`stderr_excerpt`); and how an end is told, the one place a signal is named and an
+exit status worked out (:func:`signal_name`, :func:`exit_status`).
 
 Kept apart from the report and the supervisor so the rendezvous, which passes records
 between nodes, needs neither of them; :func:`xlarun.supervision.report.failure_of` makes one
@@ -8,12 +9,21 @@ from a worker's result.
 
 from __future__ import annotations
 
+import re
 import signal
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 NOT_AVAILABLE = "<N/A>"
 HUNG_EXIT_CODE = 124
 """The launcher's exit code when the workers were found hung (``--hang-timeout``), as timeout(1)'s."""
+QUOTED_STDERR_LINES = 20
+"""How many of its last stderr lines a failed worker's record quotes where they hold no Python traceback."""
+_TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):|  \+ Exception Group Traceback \(most recent call last\):")
+"""The first line of a traceback Python prints for an uncaught exception, or exception group (3.11)."""
+_CHAINING_LINES = frozenset({"During handling of the above exception, another exception occurred:",
+                             "The above exception was the direct cause of the following exception:"})
+"""The line between two tracebacks of one chain: the one above belongs to the exception below."""
 
 
 @dataclass(frozen=True)
@@ -62,3 +72,27 @@ def exit_status(returncode: int) -> int:
 def signal_exit_status(number: int) -> int:
     """A shell's status for a process ended by signal ``number``, and the launcher's when it stops on one."""
     return 128 + number
+
+
+def stderr_excerpt(tail: Sequence[str]) -> str:
+    """What the last lines a worker wrote to stderr say of its failure.
+
+    The last Python traceback among them, whole from its ``Traceback (most recent call last):``
+    line with the exceptions chained before it (``During handling of the above exception...``)
+    as far as the tail reaches, down to the tail's end; without one, the last
+    :data:`QUOTED_STDERR_LINES` lines. A warning or a message printed before the traceback is
+    left out, so the report's traceback field starts where the failure's story does.
+    """
+    starts = [index for index, line in enumerate(tail) if _TRACEBACK_START.fullmatch(line.rstrip())]
+    if not starts:
+        return "\n".join(tail[-QUOTED_STDERR_LINES:])
+    start = starts.pop()
+    while starts and _chained_above(tail[starts[-1]:start]):
+        start = starts.pop()
+    return "\n".join(tail[start:])
+
+
+def _chained_above(lines: Sequence[str]) -> bool:
+    """Whether ``lines`` (a traceback and what follows it, up to the next one) end in a chaining line."""
+    written = [line.strip() for line in lines if line.strip()]
+    return bool(written) and written[-1] in _CHAINING_LINES

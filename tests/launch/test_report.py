@@ -84,8 +84,7 @@ def test_traceback_comes_from_the_error_file_of_a_recorded_main(tmp_path: Path, 
 
 
 @pytest.mark.parametrize("redirect", [[], ["--redirects", "2"]], ids=["console", "redirected"])
-def test_traceback_comes_from_the_last_stderr_lines_without_record(tmp_path: Path, port: int,
-                                                                   redirect: list[str]) -> None:
+def test_traceback_comes_from_stderr_without_record(tmp_path: Path, port: int, redirect: list[str]) -> None:
     script = worker("raises.py")
     result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--log-dir", tmp_path, *redirect,
                         script, "none")
@@ -94,8 +93,30 @@ def test_traceback_comes_from_the_last_stderr_lines_without_record(tmp_path: Pat
     assert field(block, "error_file") == "<N/A>"
     text = "\n".join(block)
     assert "\n  RuntimeError: boom from the worker\n" in text
-    assert "progress line 29" in text and "progress line 0\n" not in text
+    assert field(block, "traceback") == "Traceback (most recent call last):"
+    assert "progress line" not in text  # what the worker wrote before its traceback
     assert launcher_frames(result.stderr) == []
+
+
+@pytest.mark.parametrize("redirect", [[], ["--redirects", "2"]], ids=["console", "redirected"])
+def test_traceback_without_record_is_the_last_python_traceback_whole(tmp_path: Path, port: int,
+                                                                      redirect: list[str]) -> None:
+    script = worker("warns_then_raises.py")
+    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--log-dir", tmp_path, *redirect, script)
+    assert result.returncode == 1
+    block = report_block(result.stderr, script)
+    assert field(block, "error_file") == "<N/A>"
+    # From the first line of the chain's first traceback, the warning before it left out...
+    assert field(block, "traceback") == "Traceback (most recent call last):"
+    text = "\n".join(block)
+    assert "warnings.warn" not in text and "a warning before the failure" not in text
+    # ...to the last exception, every frame of both tracebacks and the line that chains them kept.
+    quoted = text[text.index("  traceback : "):]
+    assert quoted.count("Traceback (most recent call last):") == 2
+    assert "\n  KeyError: 'missing key'\n" in quoted
+    assert "\n  During handling of the above exception, another exception occurred:\n" in quoted
+    assert ", in <module>\n" in quoted and ", in main\n" in quoted  # the top of the RuntimeError's stack
+    assert "\n  RuntimeError: boom while handling the missing key\n" in quoted
 
 
 def test_signal_death_names_the_signal(port: int) -> None:

@@ -22,7 +22,9 @@ from typing import IO, BinaryIO
 from xlarun.console import ConsoleWriter, console, say
 from xlarun.contract import STEP_LOG_VARIABLE
 
-TAIL_LINES = 20
+TAIL_LINES = 200
+"""The last stderr lines kept of each worker: enough for a traceback of a deep stack, chained
+exceptions and all, which the failure report quotes whole (:func:`xlarun.failures.stderr_excerpt`)."""
 # A worker that never ends a line (progress bars) still gets its text out in bounded pieces.
 MAX_PARTIAL_LINE = 64 * 1024
 
@@ -385,7 +387,7 @@ def read_tail(path: str | None, limit: int = TAIL_LINES) -> list[str]:
         with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
             handle.seek(0, os.SEEK_END)
             size = handle.tell()
-            handle.seek(max(0, size - 16 * 1024))
+            handle.seek(max(0, size - 64 * 1024))
             data = handle.read()
     except OSError:
         return []

@@ -25,7 +25,7 @@ from typing import Any
 
 from xlarun.console import console, say
 from xlarun.contract import STACKS_FILE, read_error_file
-from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
+from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name, stderr_excerpt
 from xlarun.supervision.end import HangCause, RootCause, RunEnd
 from xlarun.supervision.group import WorkerResult
 
@@ -41,7 +41,8 @@ reach the terminal and could rewrite it), and lone surrogates, which JSON can ca
 
 def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> FailureRecord:
     """A failed worker's record. The traceback is the worker's error file (``@record``), else the signal that killed
-    it, else the last lines it wrote to stderr: whatever best says why it failed."""
+    it, else the last Python traceback it wrote to stderr, else its last stderr lines (:func:`stderr_excerpt`):
+    whatever best says why it failed."""
     recorded = read_error_file(result.error_file)
     returncode = result.returncode if result.returncode is not None else 1
     reason = "oom_killed" if result.oom_killed else "signal" if returncode < 0 else "exited"
@@ -52,7 +53,7 @@ def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> Fai
         if result.oom_killed:
             text += f": the kernel's OOM killer{peak_rss_note(result.peak_rss_mib)}"
     else:
-        text = "\n".join(result.stderr_tail) or NOT_AVAILABLE
+        text = stderr_excerpt(result.stderr_tail) or NOT_AVAILABLE
     return FailureRecord(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
                          time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
                          host=socket.getfqdn(), error_file=result.error_file if recorded else NOT_AVAILABLE,
