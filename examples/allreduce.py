@@ -2,7 +2,8 @@
 
     xlarun --nproc_per_node 2 examples/allreduce.py
 
-Each worker prints ``rank=R world=W sum=S``; S is 0+1+...+(W-1) on every worker.
+Each worker prints one line, ``rank=R world=W sum=S host=H local_rank=L``: S is 0+1+...+(W-1)
+on every worker, H the host's name.
 """
 
 import os

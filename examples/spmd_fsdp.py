@@ -4,10 +4,15 @@ On a CPU machine, four virtual devices stand in for accelerators:
 
     xlarun --spmd --device cpu --virtual-devices 4 examples/spmd_fsdp.py --steps 5
 
-The parameters are sharded along their first dimension over a ``(devices, 1)``
-mesh with axes ``("fsdp", "model")``, the batch along the same ``fsdp`` axis.
-Prints one JSON line: the device count, the loss of every step, and each
-parameter's XLA sharding spec (e.g. ``{devices=[4,1]0,1,2,3}``).
+The mesh is ``(devices, 1)`` with axes ``("fsdp", "model")``; FSDPv2 shards each parameter
+along its largest dimension over the ``fsdp`` axis, and the batch is sharded along the same axis.
+Prints one JSON line: the device count, the loss of every step, and each parameter's XLA
+sharding spec; with four devices:
+
+    _orig_module.0.weight  (64, 16)  {devices=[4,1]0,1,2,3}
+    _orig_module.0.bias    (64,)     {devices=[4]0,1,2,3}
+    _orig_module.2.weight  (8, 64)   {devices=[1,4]0,1,2,3}
+    _orig_module.2.bias    (8,)      {devices=[4]0,1,2,3}
 """
 
 import argparse

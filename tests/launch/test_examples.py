@@ -11,6 +11,7 @@ devices when transformers is installed.
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import json
 import math
@@ -318,6 +319,41 @@ def test_documented_command_lines_plan(path: Path) -> None:
         if "--spmd" in command:
             assert plan["nproc_per_node"] == 1
             assert worker_env(plan, 0)["XLARUN_SPMD"] == "1"
+
+
+# ---- what the Python examples say they print, run as they say
+
+def run_documented(path: Path) -> str:
+    """The stdout of the example's one documented command line, run on a free port."""
+    (command,) = written_commands(path)
+    result = run_xlarun("--standalone", *command[1:], cwd=REPO, timeout=TRAINING_TIMEOUT_S)
+    assert result.returncode == 0, result.stderr[-4000:]
+    return result.stdout
+
+
+def test_allreduce_prints_the_line_its_docstring_shows() -> None:
+    docstring = ast.get_docstring(ast.parse((EXAMPLES / "allreduce.py").read_text())) or ""
+    (shown,) = re.findall(r"prints one line, ``(.+?)``", docstring.replace("\n", " "))
+    names = [token.split("=")[0] for token in shown.split()]  # rank=R: the name of a value
+    lines = sorted(line for line in run_documented(EXAMPLES / "allreduce.py").splitlines() if line.startswith("rank="))
+    assert len(lines) == 2, lines
+    for rank, line in enumerate(lines):
+        values = dict(token.split("=", 1) for token in line.split())
+        assert list(values) == names, f"{line!r} is not {shown!r}"
+        assert (values["rank"], values["world"], values["sum"], values["local_rank"]) == (str(rank), "2", "1", str(rank))
+
+
+@pytest.mark.torch_xla
+def test_spmd_fsdp_shards_each_parameter_as_its_docstring_lists() -> None:
+    docstring = ast.get_docstring(ast.parse((EXAMPLES / "spmd_fsdp.py").read_text())) or ""
+    listed = {line.split()[0]: line.split()[-1] for line in docstring.splitlines()
+              if line.strip().startswith("_orig_module.")}
+    assert len(listed) == 4, docstring
+    reports = [json.loads(line) for line in run_documented(EXAMPLES / "spmd_fsdp.py").splitlines()
+               if line.startswith("{")]
+    assert len(reports) == 1, reports
+    assert reports[0]["devices"] == 4
+    assert reports[0]["shardings"] == listed
 
 
 # ---- Hugging Face Trainer, FSDPv2 on four virtual CPU devices
