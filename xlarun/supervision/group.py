@@ -25,7 +25,7 @@ time. A hung group is told of first (``on_hang``, so that the other nodes take t
 too), then every running worker's stacks are taken (:func:`~xlarun.supervision.stacks.snapshot`) and handed
 on (``on_stacks``), then the group is torn down as for a failure. Another node's hang reaches it
 as ``request_stop(reason, hung=True)``. Each reaped worker's peak memory and CPU time come from
-the kernel's rusage, and a SIGKILL while the kernel's OOM kills rose is named so
+the kernel's rusage, and a SIGKILL the kernel's evidence lays at the OOM killer's door is named so
 (:mod:`xlarun.host.oom`).
 
 Worker output reaches the console through writers that never block the loop
@@ -53,7 +53,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from xlarun.console import say
-from xlarun.host.oom import oom_kills
+from xlarun.host.oom import OomWitness
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.process import PosixProcess, ProcessFactory, WorkerProcess, WorkerSpec, stream_target
 from xlarun.supervision.relay import Pipe, PipeReaders, StreamRelay, drain, read_tail
@@ -81,7 +81,7 @@ class WorkerResult:
     position: str | None = None
     """Where the worker stood when its node was found hung (:func:`~xlarun.supervision.stacks.where`)."""
     oom_killed: bool = False
-    """It died of SIGKILL while the kernel's count of OOM kills rose (:mod:`xlarun.host.oom`)."""
+    """It died of SIGKILL and the kernel's evidence points at the OOM killer (:mod:`xlarun.host.oom`)."""
 
     @property
     def signal_number(self) -> int | None:
@@ -254,7 +254,7 @@ class WorkerGroup:
         self._failures: list[WorkerResult] = []
         self._stopping: Stopping | None = None
         """None until the teardown begins."""
-        self._oom_kills = 0
+        self._oom_witness: OomWitness | None = None
 
     def request_stop(self, reason: str, hung: bool = False) -> None:
         """Ask the loop to tear the group down (safe from any thread, e.g. a rendezvous watcher;
@@ -268,7 +268,7 @@ class WorkerGroup:
         try:
             if self._guard is not None:
                 self._guard.wait_ready()
-            self._oom_kills = oom_kills()
+            self._oom_witness = OomWitness(len(self._specs))
             for spec in self._specs:
                 self._start(spec)
                 if self._stopping is not None:
@@ -395,9 +395,8 @@ class WorkerGroup:
         result = worker.result
         failed = result.returncode != 0 and self._stopping is None
         if failed:
-            if result.returncode == -signal.SIGKILL and oom_kills() > self._oom_kills:
-                self._oom_kills += 1  # one kill accounts for one worker
-                result.oom_killed = True
+            if result.returncode == -signal.SIGKILL and self._oom_witness is not None:
+                result.oom_killed = self._oom_witness.killed(result.pid, result.peak_rss_mib)
             drain(worker.pipes)
             result.stderr_tail = worker.stderr_tail()
             self._failures.append(result)
@@ -515,6 +514,8 @@ class WorkerGroup:
             worker.close()
         self._selector.close()
         self._stop_requests.close()
+        if self._oom_witness is not None:
+            self._oom_witness.close()
 
 
 def remove_if_empty(path: str) -> None:
