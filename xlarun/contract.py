@@ -19,15 +19,17 @@ dump file in :data:`STACKS_VARIABLE`. The hook then
 
 - registers ``faulthandler`` for the signal with ``all_threads=True``: on the signal, the C-level
   handler writes every thread's Python stack to the file, without the GIL and while the main
-  thread is blocked in a C call (a collective, a lock, a read), and the process goes on;
+  thread is blocked in a C call (a collective, a lock, a read), and the process goes on; the file
+  is held at a descriptor number of its own, :data:`STACKS_DESCRIPTOR`;
 - gives the worker its environment and ``sys.path`` back as they were (``PYTHONPATH`` restored,
   the variable removed, so the worker's own children do not arm), and hands over to the
   ``sitecustomize`` it shadows, if there is one.
 
 A real-time signal keeps clear of SIGUSR1 and SIGUSR2, which the launcher forwards to the
 workers. Its default action ends a process, so the launcher sends it only to a process whose
-``/proc/<pid>/status`` says it catches it (:func:`xlarun.supervision.stacks.is_armed`); a worker
-that did not arm (``--no-python``, ``python -I`` or ``-S``) is never sent it.
+``/proc/<pid>/status`` says it catches it and whose descriptor :data:`STACKS_DESCRIPTOR` is still
+the dump file (:func:`xlarun.supervision.stacks.is_armed`); a worker that did not arm
+(``--no-python``, ``python -I`` or ``-S``), or closed the file, is never sent it.
 
 **The error file**, torchrun's: written by a worker's ``@record`` main, read by the failure report.
 Usage in a training script::
@@ -94,6 +96,17 @@ STACKS_VARIABLE = "XLARUN_STACKS"
 STACKS_SIGNAL = signal.SIGRTMIN + 6
 STACKS_FILE = "stacks.txt"
 """The dump file's name in the worker's log directory (``attempt_<n>/<local_rank>/``)."""
+STACKS_DESCRIPTOR = 1000
+"""The descriptor number the hook holds the dump file at, so the launcher can tell it is still that file.
+
+The signal handler writes to a number, not a file: a worker that closes descriptors
+(``os.closerange(3, 256)``, a daemonizing library) and opens its own file under the same number
+would get the dump in that file. The launcher therefore signals only a worker whose descriptor
+:data:`STACKS_DESCRIPTOR` is its dump file (``/proc/<pid>/fd/1000``), and reads back only from
+that file. The number is high, so a program's own files reach it only after a thousand open ones,
+and below 1024, the usual limit on open files; where it is taken or over the limit, the hook does
+not arm.
+"""
 HOOK_DIRECTORY = os.path.join(PACKAGE_DIRECTORY, "worker", "startup")
 """Holds only the hook, ``sitecustomize.py``: anything beside it would be importable by every worker."""
 

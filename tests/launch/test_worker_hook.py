@@ -41,10 +41,10 @@ def test_the_workers_sys_path_is_plain_pythons(pythonpath: str, tmp_path: Path, 
     script.write_text(SHOW_PATH)
     env = {"PYTHONPATH": pythonpath}
 
-    plain = run_command([PYTHON, script], env=env, cwd=cwd)
+    plain = run_command([PYTHON, str(script)], env=env, cwd=cwd)
     # -P: the launcher's own imports do not come from the working directory, as an installed xlarun's do not.
     launched = run_command([PYTHON, "-P", "-m", "xlarun", "--nproc-per-node", "1", "--master-port", str(port),
-                            script], env=env, cwd=cwd)
+                            str(script)], env=env, cwd=cwd)
 
     assert launched.returncode == plain.returncode, launched.stderr
     if plain.returncode == 0:

@@ -1,5 +1,5 @@
 """Reading ``/proc``: a process's ``stat`` fields (its name may hold spaces and parentheses), every
-process's at once, and the environment a process started with."""
+process's at once, the environment a process started with, and the user it runs as."""
 
 from __future__ import annotations
 
@@ -42,3 +42,20 @@ def started_environ(path: str) -> dict[str, str]:
         return {}
     pairs = (entry.decode(errors="replace").partition("=") for entry in raw.split(b"\0") if entry)
     return {key: value for key, _, value in pairs}
+
+
+def process_owner(pid: int, proc: str = "/proc") -> int | None:
+    """The user a process runs as: its real, effective, saved and file-system user ids (``Uid:`` of
+    its ``status``) where they are one; ``None`` where they differ or the process is gone.
+
+    Not the owner of ``/proc/<pid>``, which is root for a process that made itself non-dumpable.
+    """
+    try:
+        with open(f"{proc}/{pid}/status", "rb") as status:
+            for line in status:
+                if line.startswith(b"Uid:"):
+                    ids = {int(value) for value in line.split()[1:]}
+                    return ids.pop() if len(ids) == 1 else None
+    except (OSError, ValueError):
+        pass
+    return None

@@ -19,14 +19,15 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import stat
 import subprocess
 import sys
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from xlarun.contract import STACKS_SIGNAL, STACKS_VARIABLE
-from xlarun.host.procfs import process_stats, started_environ
+from xlarun.contract import ERROR_FILE_VARIABLE, STACKS_DESCRIPTOR, STACKS_SIGNAL, STACKS_VARIABLE, stacks_file
+from xlarun.host.procfs import process_owner, process_stats, started_environ
 
 DUMP_WAIT = 3.0
 """How long a dump may take to appear: the handler writes it at once, unless the process is stopped."""
@@ -34,11 +35,13 @@ _SETTLE = 0.05
 """A dump is whole once its file stopped growing for this long (the handler writes it in many small writes)."""
 MAX_DUMP_BYTES = 256 * 1024
 """The most of one dump read back: faulthandler prints at most 100 frames per thread and 100 threads."""
-UNKNOWN = "no stack (its Python did not arm the dump)"
+UNKNOWN = "no stack (its Python did not arm the dump, or closed its file)"
 
 _FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?+) in (?P<function>.*)$')
 _LIBRARY = re.compile(r"/lib/python\d+(\.\d+)?t?/|/site-packages/|/dist-packages/|^<")
 """Where a frame is not the user's own: the standard library, installed packages, frozen modules."""
+_ATTEMPT = re.compile(r"attempt_\d+")
+"""The name of an attempt's log directory, which holds each worker's (:mod:`xlarun.supervision.logs`)."""
 
 
 @dataclass(frozen=True)
@@ -49,16 +52,28 @@ class StackTarget:
     """The worker's dump file."""
 
 
-def is_armed(pid: int) -> bool:
-    """Whether the process catches :data:`~xlarun.contract.STACKS_SIGNAL` (its ``SigCgt`` mask says so)."""
+def is_armed(target: StackTarget) -> bool:
+    """Whether the target's dump may be asked for: its process catches :data:`~xlarun.contract.STACKS_SIGNAL`
+    (its ``SigCgt`` mask says so) and still holds its dump file at :data:`~xlarun.contract.STACKS_DESCRIPTOR`,
+    where the handler writes (a process that closed it may hold a file of its own there)."""
     try:
-        with open(f"/proc/{pid}/status", "rb") as status:
+        with open(f"/proc/{target.pid}/status", "rb") as status:
             for line in status:
                 if line.startswith(b"SigCgt:"):
-                    return bool(int(line.split()[1], 16) >> (int(STACKS_SIGNAL) - 1) & 1)
+                    catches = bool(int(line.split()[1], 16) >> (int(STACKS_SIGNAL) - 1) & 1)
+                    return catches and _dump_file_held(target, os.stat(target.path, follow_symlinks=False))
     except (OSError, ValueError):
         pass
     return False
+
+
+def _dump_file_held(target: StackTarget, found: os.stat_result) -> bool:
+    """Whether ``found`` is the regular file the target's process holds at its dump descriptor."""
+    try:
+        held = os.stat(f"/proc/{target.pid}/fd/{STACKS_DESCRIPTOR}")
+    except OSError:
+        return False
+    return stat.S_ISREG(found.st_mode) and (held.st_dev, held.st_ino) == (found.st_dev, found.st_ino)
 
 
 def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT) -> dict[int, str]:
@@ -68,7 +83,7 @@ def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT) -> dict
     """
     pending: list[_Dump] = []
     for target in targets:
-        if not is_armed(target.pid):
+        if not is_armed(target):
             continue
         dump = _Dump(target, _size(target.path), time.monotonic())
         try:
@@ -82,7 +97,7 @@ def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT) -> dict
         time.sleep(0.01)
         for dump in list(pending):
             if dump.settled():
-                dumps[dump.target.rank] = _read_from(dump.target.path, dump.before)
+                dumps[dump.target.rank] = _read_from(dump.target, dump.before)
                 pending.remove(dump)
     return dict(sorted(dumps.items()))
 
@@ -181,9 +196,13 @@ def _size(path: str) -> int:
         return 0
 
 
-def _read_from(path: str, offset: int) -> str:
+def _read_from(target: StackTarget, offset: int) -> str:
+    """The target's dump from ``offset`` on; empty unless the file read is the one its process holds
+    at its dump descriptor (a path another user's process names may lead to any file)."""
     try:
-        with open(os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
+        with open(os.open(target.path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
+            if not _dump_file_held(target, os.fstat(handle.fileno())):
+                return ""
             handle.seek(offset)
             return handle.read(MAX_DUMP_BYTES).decode(errors="replace")
     except OSError:
@@ -263,24 +282,39 @@ def launch_workers(launcher: int | None) -> tuple[int, list[LiveWorker]]:
     """The launcher's pid and its workers, found in /proc: processes started with a dump file whose
     parent was not (``launcher`` None: the only such launcher on this host).
 
+    Only one user's processes count, the caller's, or where the caller names a launcher and is
+    root, the launcher's user: any user may put the variable in a process's environment, and what
+    a launch names is signalled and read. A worker's dump file must lie where xlarun puts it
+    (:func:`_dump_path`), else the worker is not xlarun's.
+
     Raises :class:`LookupError` with the line to show when there is none, or several to choose from.
     """
+    not_a_launcher = f"process {launcher} is not an xlarun launcher with running workers"
+    owner = os.geteuid()
+    if launcher is not None and owner == 0:
+        named_owner = process_owner(launcher)
+        if named_owner is None:
+            raise LookupError(not_a_launcher)
+        owner = named_owner
     by_launcher: dict[int, list[LiveWorker]] = {}
     armed_pids: set[int] = set()
     for pid, fields in process_stats():
         environ = started_environ(f"/proc/{pid}/environ")
-        setting = environ.get(STACKS_VARIABLE)
-        if setting is None:
+        if STACKS_VARIABLE not in environ or process_owner(pid) != owner:
             continue
         armed_pids.add(pid)
+        path = _dump_path(environ)
+        if path is None:
+            continue
         worker = LiveWorker(pid=pid, rank=_integer(environ.get("RANK")), local_rank=_integer(environ.get("LOCAL_RANK")),
-                            stacks_file=setting.partition(":")[2])
+                            stacks_file=path)
         by_launcher.setdefault(int(fields[4]), []).append(worker)
     # A worker's own Python children inherit nothing of the hook, but a --no-python worker's do.
-    launchers = {parent: workers for parent, workers in by_launcher.items() if parent not in armed_pids}
+    launchers = {parent: workers for parent, workers in by_launcher.items()
+                 if parent not in armed_pids and process_owner(parent) == owner}
     if launcher is not None:
         if launcher not in launchers:
-            raise LookupError(f"process {launcher} is not an xlarun launcher with running workers")
+            raise LookupError(not_a_launcher)
         return launcher, sorted(launchers[launcher], key=lambda worker: worker.rank)
     if not launchers:
         raise LookupError("no running xlarun launch on this host (or none of its workers is this user's)")
@@ -289,6 +323,19 @@ def launch_workers(launcher: int | None) -> tuple[int, list[LiveWorker]]:
                           f"{', '.join(map(str, sorted(launchers)))}): give one, as xlarun --stacks PID")
     (parent, workers), = launchers.items()
     return parent, sorted(workers, key=lambda worker: worker.rank)
+
+
+def _dump_path(environ: Mapping[str, str]) -> str | None:
+    """The dump file a worker's environment names, where it lies where xlarun puts it: beside the
+    worker's error file, in its run's ``attempt_<n>/<LOCAL_RANK>/``, by a path without ``..``; else ``None``."""
+    path = environ[STACKS_VARIABLE].partition(":")[2]
+    directory = os.path.dirname(path)
+    if (not os.path.isabs(path) or os.path.normpath(path) != path
+            or path != stacks_file(os.path.dirname(environ.get(ERROR_FILE_VARIABLE, "")))
+            or os.path.basename(directory) != environ.get("LOCAL_RANK")
+            or not _ATTEMPT.fullmatch(os.path.basename(os.path.dirname(directory)))):
+        return None
+    return path
 
 
 def _integer(text: str | None) -> int:

@@ -8,6 +8,8 @@ import os
 import sys
 
 _VARIABLE = "XLARUN_STACKS"
+_DESCRIPTOR = 1000
+"""The number the dump file is held at, which the launcher checks before each dump (``STACKS_DESCRIPTOR``)."""
 _HERE = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -17,12 +19,23 @@ def _arm() -> None:
     if not number.isdigit() or not path:
         return
     import faulthandler
+    import fcntl
 
     try:
         # Opened now, while the file system is reachable; a dump needs no allocation or open.
-        descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
+        opened = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o644)
     except OSError:
         return  # no dump file: the signal stays unhandled and the launcher never sends it
+    try:
+        # The lowest free number from _DESCRIPTOR on: _DESCRIPTOR itself unless something holds it.
+        descriptor = fcntl.fcntl(opened, fcntl.F_DUPFD_CLOEXEC, _DESCRIPTOR)
+    except OSError:
+        return  # over the limit of open files: no number the launcher could check, so no dump
+    finally:
+        os.close(opened)
+    if descriptor != _DESCRIPTOR:
+        os.close(descriptor)
+        return
     # faulthandler keeps the file object for as long as the registration lasts.
     faulthandler.register(int(number), file=os.fdopen(descriptor, "w"), all_threads=True, chain=False)
 
