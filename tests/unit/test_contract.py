@@ -15,15 +15,16 @@ import sys
 from pathlib import Path
 
 from xlarun.config import WorkerCommand
-from xlarun.contract import HOOK_DIRECTORY, RUN_PATH_BOOTSTRAP, STACKS_VARIABLE, hook_variables
+from xlarun.contract import HOOK_DIRECTORY, RUN_PATH_BOOTSTRAP, STACKS_DESCRIPTOR, STACKS_VARIABLE, hook_variables
 
 
-def test_the_hook_reads_the_variable_the_launcher_sets() -> None:
+def test_the_hook_reads_the_variable_and_holds_the_descriptor_the_launcher_checks() -> None:
     spec = importlib.util.spec_from_file_location("hook", os.path.join(HOOK_DIRECTORY, "sitecustomize.py"))
     assert spec is not None and spec.loader is not None
     hook = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(hook)  # under another name than sitecustomize it arms nothing
     assert hook._VARIABLE == STACKS_VARIABLE
+    assert hook._DESCRIPTOR == STACKS_DESCRIPTOR
 
 
 def test_the_hook_adds_its_directory_and_no_empty_entry() -> None:
