@@ -74,6 +74,24 @@ def test_a_dump_lands_in_its_own_file_or_nowhere(mode: str, out_dir: Path, port:
         assert re.search(r"^rank 0 \(local rank 0, pid \d+\):\n  no stack ", shown.stdout, re.M), shown.stdout
 
 
+def test_stacks_finds_every_worker_under_virtual_local_rank(out_dir: Path, port: int) -> None:
+    """Every worker's LOCAL_RANK is 0 there; each dump file still lies in its own local rank's directory."""
+    launcher = start_xlarun("--nproc-per-node", "2", "--virtual-local-rank", "--master-port", port,
+                            worker("descriptors.py"), out_dir, "keep")
+    checkpoint = out_dir / "checkpoint.bin"
+    try:
+        wait_for(lambda: checkpoint.exists() and checkpoint.stat().st_size == 2 * len(b"weights"),
+                 "both workers to open the checkpoint")
+        shown = run_command([*XLARUN, "--stacks", str(launcher.pid)])
+    finally:
+        (out_dir / "release").touch()
+    finish(launcher)
+
+    assert shown.returncode == 0, shown.stderr
+    assert f"xlarun launch {launcher.pid}: 2 workers" in shown.stdout
+    assert shown.stdout.count("in <module>") == 2, shown.stdout
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="starting a process of another user needs root")
 def test_stacks_ignores_another_users_process(tmp_path: Path) -> None:
     """A process of ``nobody`` carrying the stacks variable is no launch of root's, named by PID or not."""

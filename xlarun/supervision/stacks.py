@@ -327,12 +327,13 @@ def launch_workers(launcher: int | None) -> tuple[int, list[LiveWorker]]:
 
 def _dump_path(environ: Mapping[str, str]) -> str | None:
     """The dump file a worker's environment names, where it lies where xlarun puts it: beside the
-    worker's error file, in its run's ``attempt_<n>/<LOCAL_RANK>/``, by a path without ``..``; else ``None``."""
+    worker's error file, in its run's ``attempt_<n>/<local rank>/`` (the launcher's local rank, which
+    ``--virtual-local-rank`` hides from ``LOCAL_RANK``), by a path without ``..``; else ``None``."""
     path = environ[STACKS_VARIABLE].partition(":")[2]
     directory = os.path.dirname(path)
     if (not os.path.isabs(path) or os.path.normpath(path) != path
             or path != stacks_file(os.path.dirname(environ.get(ERROR_FILE_VARIABLE, "")))
-            or os.path.basename(directory) != environ.get("LOCAL_RANK")
+            or not os.path.basename(directory).isdigit()
             or not _ATTEMPT.fullmatch(os.path.basename(os.path.dirname(directory)))):
         return None
     return path
