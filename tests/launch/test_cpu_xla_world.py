@@ -1,9 +1,10 @@
 """PJRT's CPU client under xlarun: every process is an XLA world of its own, and xlarun says so.
 
-- Before several CPU processes of an XLA run start (``--device cpu`` or ``PJRT_DEVICE=CPU``
-  given), one line explains the split and what to use instead; a plain job on a host that has
-  torch_xla gets no such line. A run that then fails on the store port (each process took
-  itself for rank 0) ends with a line naming the split, not a taken port, either way.
+- Before several CPU processes start where torch_xla is installed, one line explains the split
+  and what to use instead, whether the device was given (``--device cpu`` or ``PJRT_DEVICE=CPU``)
+  or detected; detected, it adds that a job not using XLA is not concerned. A run that then fails
+  on the store port (each process took itself for rank 0) ends with a line naming the split, not
+  a taken port, whichever of its workers failed first.
 - The ordinals a CPU worker sees agree with each other (no local place of 1 of 2 in a world
   of one), so the master-only ``xm.save`` writes in every process.
 - Workers that move MASTER_PORT and serve their own store (torch_xla's ``test_ddp``) run,
@@ -34,19 +35,29 @@ def test_torch_xla_join_of_two_cpu_processes_is_explained(device_flags: list[str
                         worker("xla_torch_join.py"), env=env)
     assert result.returncode != 0
     lines = xlarun_lines(result.stderr)
-    warnings = [line for line in lines if line.startswith("xlarun: warning:")]
-    if device_flags or env:
-        [warning] = warnings
-        assert "2 CPU processes an XLA world of its own" in warning
-        assert "--spmd --virtual-devices N" in warning and "gloo" in warning
-        assert result.stderr.index(warning) < result.stderr.index("Root Cause")
-    else:
-        assert warnings == []
+    [warning] = [line for line in lines if line.startswith("xlarun: warning:")]
+    assert "2 CPU processes an XLA world of its own" in warning
+    assert "--spmd --virtual-devices N" in warning and "gloo" in warning
+    assert result.stderr.index(warning) < result.stderr.index("Root Cause")
+    # Detected, the device may be CPU for a job that never uses XLA: the line says such a job is not concerned.
+    assert ("a job whose processes do not use XLA (gloo, NCCL) is not concerned" in warning) == (not (device_flags or env))
     assert "EADDRINUSE" in result.stderr  # the worker's own traceback, quoted by the report
     [cause] = [line for line in lines if "took itself for rank 0" in line]
     assert result.stderr.index(cause) > result.stderr.index("Root Cause")
     assert "world of its own" in cause
     assert not [line for line in lines if "EADDRINUSE" in line or "in use" in line], lines
+
+
+@pytest.mark.parametrize("device_flags", [[], ["--device", "cpu"]], ids=["detected", "given"])
+def test_split_world_is_named_whichever_worker_failed_first(device_flags: list[str]) -> None:
+    # torch_xla's own torchrun test has this shape: each test joins in setUp. The process that
+    # serves the store fails the world's checks, usually first; the other fails to bind the port.
+    result = run_xlarun("--nproc-per-node", "2", "--master-port", free_port(), *device_flags,
+                        worker("xla_join_unittest.py"))
+    assert result.returncode == 1
+    assert "EADDRINUSE" in result.stderr  # what the worker that could not serve the store wrote
+    [cause] = [line for line in xlarun_lines(result.stderr) if "took itself for rank 0" in line]
+    assert result.stderr.index(cause) > result.stderr.index("Root Cause")
 
 
 def test_one_cpu_process_gets_no_split_world_line(tmp_path: Path) -> None:

@@ -84,10 +84,14 @@ def prepare_launch(given: Mapping[str, str | None], script: str | None, script_a
         check_virtual_local_rank(device, probe)  # refused before the guard or a rendezvous starts
     notices = [*device.notices, *check_device_plan(device, probe)]
     split = cpu_split_world(device, nproc, config.max_nodes)
-    # Only an XLA run on CPU is told before it starts: a plain gloo job on a host that happens to have
-    # torch_xla is not concerned. A run that then fails on the split is told after the report.
-    if split is not None and (request.device == "cpu" or environ.get("PJRT_DEVICE") == "CPU"):
-        notices.append(f"warning: {split}")
+    # Told before the start whether the device was given or detected: an XLA program on a detected CPU
+    # would otherwise train split without a word. Detected, the job may not use XLA at all (gloo on a
+    # host that happens to have torch_xla), which the line says. A run that fails on the split is told
+    # again after the report.
+    if split is not None:
+        device_given = request.device == "cpu" or environ.get("PJRT_DEVICE") == "CPU"
+        notices.append(f"warning: {split}" + ("" if device_given else "; a job whose processes do not use XLA (gloo, NCCL) "
+                                              "is not concerned"))
     if omp_threads_default(nproc, environ) is not None:
         notices.append(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
                        "workers per node); set OMP_NUM_THREADS yourself to choose another value")
@@ -121,10 +125,15 @@ def explain_split_world_failure(end: RunEnd, prepared: PreparedLaunch) -> None:
     """After the report of a CPU run that failed on a taken store port, name the split world as the cause.
 
     On one node no agent serves a store, so under ``xla://`` every CPU process, each rank 0 of
-    its own world, tries to serve one at MASTER_PORT, and all but the first fail to bind it.
+    its own world, tries to serve one at MASTER_PORT, and all but the first fail to bind it. The
+    first to fail is often the one that did bind it (its checks of the world fail), so every worker
+    of the attempt that failed is looked at: the report's failures and those stopped with an error.
     """
     split = prepared.split_world
-    if split is not None and end.failure is not None and "EADDRINUSE" in end.failure.traceback:
+    if split is None or end.failure is None:
+        return
+    said = [failure.traceback for failure in (end.failure, *end.other_failures)] + list(end.stopped_with_errors)
+    if any("EADDRINUSE" in text for text in said):
         say(f"each CPU process took itself for rank 0 and served the store at MASTER_PORT, so all but one failed "
             f"to bind it: {split}")
 

@@ -27,7 +27,7 @@ from typing import Any, TypeVar
 from xlarun.config import LaunchConfig
 from xlarun.console import say
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.failures import FailureRecord, signal_name
+from xlarun.failures import FailureRecord, signal_name, stderr_excerpt
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import JobEnded, NodeStacks, Rendezvous
 from xlarun.supervision.end import HangCause, RootCause, RunEnd
@@ -196,7 +196,9 @@ class Agent:
             if outcome.start_failed and outcome.stop_reason is not None:
                 return RunEnd.launcher_error(outcome.stop_reason)
             return RunEnd.failed([])
-        return self._reported(RunEnd.failed(failures))
+        stopped_with_errors = [stderr_excerpt(result.stderr_tail) for result in outcome.results
+                               if result.stderr_tail and all(result is not failed for failed in outcome.failures)]
+        return self._reported(RunEnd.failed(failures, stopped_with_errors))
 
     def _hung(self, node: NodeAssignment, hang: Hang) -> RunEnd:
         """The end of a hung attempt: where every rank stood (the job's, on node 0), and their stacks."""

@@ -71,6 +71,10 @@ class RunEnd:
     """Why the launcher could not carry on, in one line."""
     other_failures: tuple[FailureRecord, ...] = ()
     """The failures observed after the root cause, in the order they were seen; the report lists them."""
+    stopped_with_errors: tuple[str, ...] = ()
+    """What each worker of this node that exited with an error while the group was being stopped last wrote
+    to stderr (:func:`~xlarun.failures.stderr_excerpt`). Not failures (torchrun 2.9's report lists none of
+    them), but their words can say why the attempt failed: the split CPU world (:mod:`xlarun.cli.launch`)."""
 
     @classmethod
     def succeeded(cls) -> RunEnd:
@@ -81,11 +85,12 @@ class RunEnd:
         return cls("not_needed", 0)
 
     @classmethod
-    def failed(cls, failures: Sequence[FailureRecord]) -> RunEnd:
+    def failed(cls, failures: Sequence[FailureRecord], stopped_with_errors: Sequence[str] = ()) -> RunEnd:
         """Workers failed, the root cause first; none: the group was stopped with no worker to blame (exit 1)."""
         if not failures:
             return cls("failed", 1)
-        return cls("failed", failures[0].exit_status, failures[0], other_failures=tuple(failures[1:]))
+        return cls("failed", failures[0].exit_status, failures[0], other_failures=tuple(failures[1:]),
+                   stopped_with_errors=tuple(stopped_with_errors))
 
     @classmethod
     def hung(cls, cause: HangCause) -> RunEnd:

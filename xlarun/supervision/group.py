@@ -394,11 +394,14 @@ class WorkerGroup:
         worker.ended(worker.process.reap())
         result = worker.result
         failed = result.returncode != 0 and self._stopping is None
+        if result.returncode != 0:
+            # Kept of a worker that failed while the group was stopping too: not a failure of the report,
+            # but what it wrote can say why the attempt failed (the split CPU world, xlarun.cli.launch).
+            drain(worker.pipes)
+            result.stderr_tail = worker.stderr_tail()
         if failed:
             if result.returncode == -signal.SIGKILL and self._oom_witness is not None:
                 result.oom_killed = self._oom_witness.killed(result.pid, result.peak_rss_mib)
-            drain(worker.pipes)
-            result.stderr_tail = worker.stderr_tail()
             self._failures.append(result)
         if self._stopping is None and (self._failures or not self._live()):
             self._begin_stop(Stopping(Cause.ENDED, self._grace_end()))
