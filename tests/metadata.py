@@ -4,7 +4,9 @@
   ``/computeMetadata/v1/instance/attributes/<name>`` to requests that carry
   ``Metadata-Flavor: Google`` (others get 403, as the real server answers them; an unknown name
   404), and yields the value of ``GCE_METADATA_HOST`` that points a launcher at it. The requests
-  it answered are in its ``requests`` list.
+  it answered are in its ``requests`` list. ``behaviour`` makes it a broken server instead:
+  ``"drip"`` sends its answer one byte every ``DRIP_INTERVAL_S``, ``"endless"`` an answer whose
+  body never ends, as fast as it is read, ``"redirect"`` a 302 to ``REDIRECT_TARGET`` on itself.
 - ``slice_attributes(worker, ips, tpu_env)``: the three attributes of one VM of a slice.
 - ``V4_16_TPU_ENV``: the ``tpu-env`` of a v4-16 (two hosts of 2x2x1 chips), in the metadata's format.
 """
@@ -15,9 +17,12 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 PREFIX = "/computeMetadata/v1/instance/attributes/"
+DRIP_INTERVAL_S = 4.0
+REDIRECT_TARGET = "/elsewhere"
+Behaviour = Literal["answer", "drip", "endless", "redirect"]
 
 V4_16_TPU_ENV = """ACCELERATOR_TYPE: 'v4-16'
 CHIPS_PER_HOST_BOUNDS: '2,2,1'
@@ -44,25 +49,50 @@ def slice_attributes(worker: int, ips: list[str], tpu_env: str = V4_16_TPU_ENV) 
 
 
 @contextmanager
-def serve_metadata(attributes: Mapping[str, str]) -> Iterator[Served]:
+def serve_metadata(attributes: Mapping[str, str], behaviour: Behaviour = "answer") -> Iterator[Served]:
     requests: list[tuple[str, str | None]] = []
+    closing = threading.Event()
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
             flavor = self.headers.get("Metadata-Flavor")
             requests.append((self.path, flavor))
             name = self.path.removeprefix(PREFIX) if self.path.startswith(PREFIX) else None
-            if flavor != "Google":
+            if behaviour in ("drip", "endless"):
+                try:
+                    self.misbehave()
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up, as it should
+            elif behaviour == "redirect" and self.path != REDIRECT_TARGET:
+                self.send_response(302)
+                self.send_header("Location", REDIRECT_TARGET)
+                self.end_headers()
+            elif flavor != "Google":
                 self.send_error(403, "Missing Metadata-Flavor:Google header")
             elif name is None or name not in attributes:
                 self.send_error(404)
             else:
-                body = attributes[name].encode()
+                body = attributes[name].encode(errors="surrogateescape")  # "\udcff": the byte 0xff
                 self.send_response(200)
                 self.send_header("Metadata-Flavor", "Google")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+        def misbehave(self) -> None:
+            if behaviour == "drip":
+                answer = b"HTTP/1.0 200 OK\r\nMetadata-Flavor: Google\r\nContent-Length: 1\r\n\r\n0"
+                for byte in answer:
+                    self.wfile.write(bytes([byte]))
+                    self.wfile.flush()
+                    if closing.wait(DRIP_INTERVAL_S):
+                        return
+            else:
+                self.send_response(200)
+                self.send_header("Metadata-Flavor", "Google")
+                self.end_headers()
+                while not closing.is_set():
+                    self.wfile.write(b"0" * 65536)
 
         def log_message(self, format: str, *args: object) -> None:
             return None
@@ -74,5 +104,6 @@ def serve_metadata(attributes: Mapping[str, str]) -> Iterator[Served]:
     try:
         yield Served(f"127.0.0.1:{server.server_address[1]}", requests)
     finally:
+        closing.set()
         server.shutdown()
         server.server_close()

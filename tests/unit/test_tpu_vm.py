@@ -3,12 +3,15 @@ shape, for torch_xla and TorchTPU alike; here the server is a stub on 127.0.0.1 
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from helpers import TESTS, prepare, refusal
-from metadata import serve_metadata, slice_attributes
+from metadata import PREFIX, Behaviour, serve_metadata, slice_attributes
 
-from xlarun.cli.cluster import ClusterSettings, detect_cluster
+from xlarun.cli.cluster import TPU_VM_ATTRIBUTES, ClusterSettings, detect_cluster
 from xlarun.exceptions import UsageError
+from xlarun.host.metadata import MetadataError, instance_attributes
 from xlarun.ranks import NodeAssignment
 
 V4_HOST = str(TESTS / "fixtures" / "hosts" / "tpu-v4-vm")
@@ -97,3 +100,25 @@ def test_torchtpu_workers_get_the_slices_topology_and_the_worker_number_checked(
     assert variables["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(",")[4] == "10.130.0.3:8070"
     assert "this host is worker 1 of its TPU slice but node rank 0" in mismatch
 
+
+
+@pytest.mark.parametrize(("behaviour", "message"), [
+    ("drip", "did not answer agent-worker-number within 0.5 s"),
+    ("endless", "sent more than 1 MiB for agent-worker-number"),
+    ("redirect", "answered 302 for agent-worker-number"),
+])
+def test_a_server_that_misbehaves_is_one_reason_within_the_deadline(behaviour: Behaviour, message: str) -> None:
+    with serve_metadata(slice_attributes(1, IPS), behaviour) as served:
+        started = time.monotonic()
+        with pytest.raises(MetadataError) as failed:
+            instance_attributes(TPU_VM_ATTRIBUTES, {"GCE_METADATA_HOST": served.host}, deadline_s=0.5)
+        took = time.monotonic() - started
+    assert str(failed.value) == f"the metadata server at {served.host} {message}"
+    assert took < 2, took
+    assert [path for path, _ in served.requests] == [PREFIX + "agent-worker-number"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1 --evil", "127.0.0.1:http", "a\r\nX-Forwarded-For: b"])
+def test_a_metadata_host_that_is_not_host_and_port_is_refused(host: str) -> None:
+    with pytest.raises(MetadataError, match=r"^GCE_METADATA_HOST=.* is not host\[:port\]$"):
+        instance_attributes(TPU_VM_ATTRIBUTES, {"GCE_METADATA_HOST": host})

@@ -75,7 +75,7 @@ from typing import Literal, overload
 from xlarun.cli.hostlist import first_host
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
-from xlarun.host.metadata import MetadataError, instance_attribute
+from xlarun.host.metadata import MetadataError, instance_attributes
 
 # Slurm master ports: 15000-24999, in blocks of 4 so that ports a launcher derives
 # as MASTER_PORT+1..+3 stay inside the step's own block. The range stays clear of
@@ -88,6 +88,8 @@ SLURM_PORT_BLOCKS = 2500
 _SLURM_STEP_STRIDE = 97
 
 _DIGITS = re.compile(r"[0-9]+")
+_TPU_ENV_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9,._-]{0,63}")
+"""A ``tpu-env`` value the plan takes: an accelerator type (``v5litepod-16``), bounds (``1,1,2``), a topology."""
 _TASKS_PER_NODE_ITEM = re.compile(r"([0-9]+)(?:\(x[0-9]+\))?")
 _LOOPBACK_NAMES = ("localhost", "::1")
 
@@ -300,31 +302,52 @@ and later ``TPU_PROCESS_BOUNDS`` is the host grid and ``TPU_CHIPS_PER_PROCESS_BO
 as torch_xla reads them)."""
 
 
-def _read_tpu_vm(environ: Mapping[str, str],
-                 attribute: Callable[[str, Mapping[str, str]], str] = instance_attribute) -> ClusterSettings:
+TPU_VM_ATTRIBUTES = ("agent-worker-number", "worker-network-endpoints", "tpu-env")
+
+
+def _read_tpu_vm(environ: Mapping[str, str]) -> ClusterSettings:
+    from xlarun.rendezvous import shown
+
     try:
-        worker_text, endpoints_text, tpu_env_text = (attribute(key, environ).strip() for key in
-                                                     ("agent-worker-number", "worker-network-endpoints", "tpu-env"))
+        answers = instance_attributes(TPU_VM_ATTRIBUTES, environ)
     except MetadataError as error:
         raise UsageError(f"{flag('cluster')} tpu-vm: {error}; run on a TPU VM (or point GCE_METADATA_HOST at "
                          "its metadata server)") from None
+    worker_text, endpoints_text, tpu_env_text = (answers[key].strip() for key in TPU_VM_ATTRIBUTES)
     endpoints = [endpoint.strip().split(":") for endpoint in endpoints_text.split(",")]
-    if not all(len(parts) == 3 and parts[2] for parts in endpoints):
-        raise UsageError(f"{flag('cluster')} tpu-vm: worker-network-endpoints={endpoints_text!r} is not a list of "
-                         "<name>:<uid>:<ip> entries")
+    if not all(len(parts) == 3 and _is_ip_address(parts[2]) for parts in endpoints):
+        raise UsageError(f"{flag('cluster')} tpu-vm: worker-network-endpoints='{shown(endpoints_text)}' is not a list "
+                         "of <name>:<uid>:<ip> entries")
     hosts = [parts[2] for parts in endpoints]
-    _, node_rank = _whole_number({"agent-worker-number": worker_text}, "tpu-vm", ("agent-worker-number",))
+    if not _DIGITS.fullmatch(worker_text) or len(worker_text.lstrip("0")) > len(str(len(hosts))):
+        raise UsageError(f"{flag('cluster')} tpu-vm: agent-worker-number='{shown(worker_text, 40)}' is not a whole "
+                         f"number below the node count {len(hosts)}")
+    node_rank = int(worker_text)
     _check_node_rank(node_rank, len(hosts), "tpu-vm", "agent-worker-number")
     facts = {"TPU_WORKER_ID": str(node_rank), "TPU_WORKER_HOSTNAMES": ",".join(hosts)}
     for line in tpu_env_text.splitlines():
         key, _, value = line.partition(":")
         variable = TPU_ENV_VARIABLES.get(key.strip())
+        value = value.strip().strip("'\"")
+        if variable is not None and not _TPU_ENV_VALUE.fullmatch(value):
+            raise UsageError(f"{flag('cluster')} tpu-vm: tpu-env's {key.strip()}='{shown(value, 40)}' is not a "
+                             "slice's shape (letters, digits and , . - _ such as v4-16 or 1,1,2)")
         if variable is not None:
-            facts.setdefault(variable, value.strip().strip("'\""))
+            facts.setdefault(variable, value)
     return ClusterSettings(kind="tpu-vm", nnodes=len(hosts), node_rank=node_rank, master_addr=hosts[0],
                            master_port=None, run_id=None, device_environ=facts,
                            read_from={"nnodes": "worker-network-endpoints", "node_rank": "agent-worker-number",
                                       "master_addr": "worker-network-endpoints"})
+
+
+def _is_ip_address(text: str) -> bool:
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def _read_mpi(environ: Mapping[str, str]) -> ClusterSettings:
