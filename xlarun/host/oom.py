@@ -6,7 +6,7 @@ A worker the OOM killer ends dies of SIGKILL, which alone says nothing of why: a
 - its log (``/dev/kmsg``, what ``dmesg`` shows) names each victim by pid: ``Out of memory: Killed
   process <pid> (...)``, ``Memory cgroup out of memory: Killed process <pid> (...)`` and
   ``oom-kill:...,task_memcg=...,task=...,pid=<pid>,uid=...``. Where the launcher can read it
-  (root, or ``kernel.dmesg_restrict=0``) and its pids are the kernel's (the initial pid namespace),
+  (root, or ``kernel.dmesg_restrict=0``) and its pids are the kernel's (the host's pid namespace),
   the log decides: the worker was OOM-killed exactly when a record written since the workers
   started names its pid;
 - counters of kills: in the memory cgroup the process was charged to (cgroup v2 ``memory.events``,
@@ -39,6 +39,7 @@ KERNEL_LOG = "/dev/kmsg"
 _VICTIM = re.compile(r"Killed process (\d+) |^oom-kill:.*,pid=(\d+),")
 _RECORDS_PER_READ = 100_000
 """More than a kernel's log buffer holds: a bound on one read of the log, whatever writes to it."""
+_INITIAL_PID_NAMESPACE = 0xEFFFFFFC
 _UNLIMITED = 1 << 62
 """cgroup v1's "no limit" is a page-rounded LONG_MAX; anything above this is no limit."""
 
@@ -121,15 +122,12 @@ def _open_kernel_log() -> int | None:
 
 
 def _in_initial_pid_namespace() -> bool:
-    """One pid in ``NSpid``: the launcher's pids are the ones the kernel logs (or procfs shows no deeper ones)."""
+    """The launcher's pids are the ones the kernel logs: its pid namespace is the host's, whose inode
+    number is fixed (``PROC_PID_INIT_INO``); a container's own ``/proc`` would not show the difference."""
     try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("NSpid:"):
-                    return len(line.split()) == 2
+        return os.stat("/proc/self/ns/pid").st_ino == _INITIAL_PID_NAMESPACE
     except OSError:
-        pass
-    return False
+        return False
 
 
 def oom_kills(directory: str | None = None) -> int:
