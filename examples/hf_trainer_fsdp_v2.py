@@ -105,7 +105,7 @@ def main() -> None:
             max_steps=args.steps,
             learning_rate=1e-3,
             optim="adamw_torch",
-            fsdp="full_shard",
+            fsdp=True,  # full sharding: transformers 4 reads True as "full_shard", a string 5.24 deprecates
             fsdp_config={"xla": True, "xla_fsdp_v2": True, "xla_fsdp_grad_ckpt": False},
             dataloader_drop_last=True,
             save_strategy="no",

@@ -371,6 +371,8 @@ def test_hf_trainer_fsdp_v2_trains_sharded_over_four_cpu_devices(tmp_path: Path)
     result = run_xlarun("--standalone", *command[1:], cwd=REPO, timeout=TRAINING_TIMEOUT_S,
                         env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stderr[-4000:]
+    # The Trainer's arguments are spelt as the installed transformers documents them, not a deprecated way.
+    assert [line for line in result.stderr.splitlines() if "fsdp" in line and "deprecated" in line] == []
     (report,) = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{\"devices\"")]
     assert report["devices"] == 4
     assert report["q_proj_sharding"] == "{devices=[4,1]0,1,2,3}"

@@ -72,3 +72,9 @@ def test_paths_the_manual_names_exist() -> None:
     for page in PAGES:
         for path in set(re.findall(r"`((?:examples|scripts|tests)/[\w./-]+)`", page.read_text())):
             assert (REPO / path).exists(), f"{page_name(page)}: {path}"
+
+
+def test_the_hugging_face_section_spells_fsdp_as_the_example_passes_it() -> None:
+    # The example runs under the installed transformers with no deprecation warning (tests/launch/test_examples.py).
+    [spelling] = re.findall(r"TrainingArguments\((fsdp=[^,]+),", section("Hugging Face Trainer with FSDPv2"))
+    assert f" {spelling}," in (REPO / "examples" / "hf_trainer_fsdp_v2.py").read_text()
