@@ -13,6 +13,7 @@ import re
 import signal
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,7 @@ from multinode import HOST, Nodes, both, c10d, lines, listeners, static, without
 
 ALLREDUCE = worker("mn_allreduce.py")
 FAIL = worker("mn_fail.py")
+LOOP = worker("mn_allreduce_loop.py")
 # Agents killed or stopped in these tests are noticed through heartbeats: a short timeout keeps
 # the tests short, and is still far above the agents' beat interval.
 HEARTBEAT = "heartbeat_timeout=3"
@@ -157,12 +159,49 @@ def test_agent_killed_with_sigkill_stops_the_other_node(nodes: Nodes, out_dir: P
     assert run.returncode != 0, run.stderr
     last = lines(run)[-1]
     if killed == 1:
-        assert last == f"xlarun: node {victim_node} stopped responding (no heartbeat for 3 s)", run.stderr
+        assert last == (f"xlarun: node {victim_node} ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
+                        "(its launcher is gone, or its host stopped or was cut off)"), run.stderr
     else:
         assert last.startswith(f"xlarun: lost the rendezvous store at {HOST}:{port} "), run.stderr
         assert last.endswith(f"): node {victim_node}, which hosted it, stopped"), run.stderr
     for pid in [*pids, *left_behind]:
         wait_for(lambda: not is_alive(pid), f"process {pid} of the job to end")  # noqa: B023
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+def test_a_lost_node_is_named_as_the_root_cause_within_the_heartbeat_timeout(nodes: Nodes, tmp_path: Path,
+                                                                            out_dir: Path, port: int,
+                                                                            backend: str) -> None:
+    """The victim's peers fail at once in their next all-reduce (gloo: connection closed by
+    peer); the root cause is still the node whose launcher vanished, and the store's host says
+    so within the heartbeat timeout plus a second, without waiting out the close timeout."""
+    summary = tmp_path / "summary.json"
+    agents = []
+    for node_rank in (0, 1):
+        flags = static(port, node_rank, 2, 1) if backend == "static" else c10d(port, "job", 2, 1)
+        own = ["--summary-file", summary] if node_rank == 0 else []
+        agents.append(nodes.start(*flags, "--rdzv_conf", HEARTBEAT, *own, LOOP, out_dir))
+        # c10d: the first agent on the endpoint's host serves the store.
+        wait_for(lambda: listeners(port), f"the store to listen on port {port}")
+    nodes.wait_for_records(2)
+    survivor, victim = agents
+    [lost] = [record["node"] for record in nodes.records()
+              if record["pid"] in [child.pid for child in psutil.Process(victim.pid).children()]]
+    os.kill(victim.pid, signal.SIGKILL)
+    killed = time.monotonic()
+    run = finish(survivor)
+    took = time.monotonic() - killed
+    victim.communicate()
+
+    assert took < 3 + 1, f"{took:.1f} s from the loss to the exit\n{run.stderr}"
+    assert run.returncode == 1, run.stderr
+    named = (f"xlarun: node {lost} ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
+             "(its launcher is gone, or its host stopped or was cut off)")
+    assert lines(run)[-1] == named, run.stderr
+    record = json.loads(summary.read_text())
+    assert (record["result"], record["exit_code"]) == ("failed", 1)
+    assert record["root_cause"] == {"reason": "node_lost", "node_rank": lost, "host": socket.getfqdn(),
+                                    "message": named.removeprefix("xlarun: "), "exit_status": 1}
 
 
 def test_a_frozen_store_host_is_given_up_when_heartbeats_go_unanswered(nodes: Nodes, out_dir: Path,

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from xlarun.console import StatusLine
-from xlarun.rendezvous import AttemptEnd
+from xlarun.rendezvous import AttemptEnd, LostNode
 from xlarun.rendezvous.joining import Member, Roster, Seat, membership_change, read_roster, seat_attempt, take_seat
 from xlarun.rendezvous.store import JobKeys
 from xlarun.rendezvous.watching import Heartbeat, Monitor, News, Watchdog, announce
@@ -179,10 +179,51 @@ def test_a_silent_node_is_declared_lost_once_and_its_rank_set_free() -> None:
         stop.set()
         monitor.stop()
 
-    assert News.decode(store.get(KEYS.attempt(0, "end"))) == \
-        News("lost", "node 1 stopped responding (no heartbeat for 0.25 s)")
+    lost = LostNode(node_rank=1, host="b", silent_for=0.25)
+    assert lost.message == ("node 1 (b) stopped responding: no heartbeat for 0.25 s "
+                            "(its launcher is gone, or its host stopped or was cut off)")
+    assert News.decode(store.get(KEYS.attempt(0, "end"))) == News("lost", lost.message)
+    # Silent before the attempt ended: the root cause, for every node's report.
+    assert LostNode.from_json(store.get(KEYS.attempt(0, "lost"))) == lost
+    assert store.check([KEYS.attempt(0, "accounted")])
     assert store.check([KEYS("gone", 2)]) and not store.check([KEYS("gone", 1)])
     assert monitor.gone_from(0) == 1
+
+
+def test_a_node_lost_after_the_attempt_ended_is_not_its_root_cause() -> None:
+    store = MemoryStore()
+    stop, late = threading.Event(), threading.Event()
+    beating(store, 1, stop)
+    beating(store, 2, late)
+    monitor = start_monitor(store)
+    try:
+        store.set(KEYS.attempt(0, "end"), News("failure", "rank 0 on node 0 failed (exit code 3)").encode())
+        time.sleep(0.3)  # node 1 beats on after the end, then falls silent
+        late.set()
+        wait_until(lambda: monitor.gone_from(0) == 1, "the monitor to find node 1 silent")
+    finally:
+        stop.set()
+        monitor.stop()
+
+    assert not store.check([KEYS.attempt(0, "lost")])
+
+
+def test_a_value_xlarun_did_not_write_is_named_and_the_watch_goes_on(capfd: pytest.CaptureFixture[str]) -> None:
+    store = MemoryStore()
+    stop = threading.Event()
+    beating(store, 1, stop)
+    # A refusal whose words are not UTF-8 and carry an escape sequence that would clear the screen.
+    store.set(JobKeys.REFUSED, "1")
+    store._put(JobKeys.REFUSED_LAST, b"\xff\x1b[2J")
+    monitor = start_monitor(store)
+    try:
+        wait_until(lambda: store.check([KEYS.attempt(0, "end")]), "the monitor to end the attempt")
+    finally:
+        stop.set()
+        monitor.stop()
+
+    assert News.decode(store.get(KEYS.attempt(0, "end"))).kind == "lost"
+    assert "xlarun: refused an agent of another job: \\xff\\x1b[2J\n" in capfd.readouterr().err
 
 
 def test_time_the_store_took_to_answer_is_nobodys_silence() -> None:

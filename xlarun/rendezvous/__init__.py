@@ -35,6 +35,54 @@ if TYPE_CHECKING:
     from xlarun.rendezvous.store import Connector
 
 
+LOST_NODE_EXIT_CODE = 1
+"""What a job that lost a node exits with: torchrun's agents exit 1 when one of them is lost."""
+
+
+def shown(raw: bytes | str, limit: int = 200) -> str:
+    """Text another process wrote to the job's store, fit for one line: decoded whatever its bytes
+    (``\\xff`` for one that is not UTF-8), every control character escaped (an escape sequence
+    would reach the terminal), at most ``limit`` characters."""
+    text = raw.decode("utf-8", "backslashreplace") if isinstance(raw, bytes) else raw
+    escaped = "".join(character if character.isprintable() else ascii(character)[1:-1] for character in text)
+    return escaped if len(escaped) <= limit else escaped[:limit] + "..."
+
+
+@dataclass(frozen=True)
+class LostNode:
+    """A node that fell silent before its attempt ended: the root cause of that end, even where a
+    worker elsewhere failed first in time (its peer vanished from under a collective)."""
+
+    node_rank: int
+    host: str
+    silent_for: float
+    """The heartbeat timeout it went past."""
+
+    @property
+    def message(self) -> str:
+        return (f"node {self.node_rank} ({self.host}) stopped responding: no heartbeat for {self.silent_for:g} s "
+                "(its launcher is gone, or its host stopped or was cut off)")
+
+    @property
+    def exit_status(self) -> int:
+        return LOST_NODE_EXIT_CODE
+
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self))
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> LostNode:
+        """Raises ``ValueError`` for a record xlarun did not write: the store is anyone's to write to."""
+        try:
+            fields = json.loads(raw)
+            lost = cls(int(fields["node_rank"]), shown(fields["host"]), float(fields["silent_for"]))
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise ValueError(f"not a lost node's record: {shown(raw)}") from error
+        if not isinstance(fields["host"], str) or lost.node_rank < 0 or not 0 < lost.silent_for < float("inf"):
+            raise ValueError(f"not a lost node's record: {shown(raw)}")
+        return lost
+
+
 @dataclass(frozen=True)
 class AttemptEnd:
     """How an attempt ended for the whole job; every node learns the same."""
@@ -44,6 +92,8 @@ class AttemptEnd:
     """A node went silent or left before its workers finished: the line that says which."""
     admitting: bool = False
     """The workers stopped to let waiting nodes join: a restart that costs none of the allowed restarts."""
+    lost_node: LostNode | None = None
+    """The node that fell silent before the attempt ended, where one did (the first the store's host found)."""
 
 
 class JobEnded(Exception):
@@ -75,11 +125,16 @@ class NodeStacks:
 
     @classmethod
     def from_json(cls, raw: bytes) -> NodeStacks:
-        fields = json.loads(raw)
-        # JSON's keys are text; the ranks are numbers again.
-        return cls(node_rank=fields["node_rank"], host=fields["host"],
-                   positions={int(rank): where for rank, where in fields["positions"].items()},
-                   stacks_files={int(rank): path for rank, path in fields["stacks_files"].items()})
+        """Raises ``ValueError`` for a record xlarun did not write; its text comes back escaped (:func:`shown`)."""
+        try:
+            fields = json.loads(raw)
+            # JSON's keys are text; the ranks are numbers again.
+            stacks = cls(node_rank=int(fields["node_rank"]), host=shown(fields["host"]),
+                         positions={int(rank): shown(where) for rank, where in fields["positions"].items()},
+                         stacks_files={int(rank): shown(path, 4096) for rank, path in fields["stacks_files"].items()})
+        except (ValueError, TypeError, KeyError, AttributeError) as error:
+            raise ValueError(f"not a node's stacks record: {shown(raw)}") from error
+        return stacks
 
 
 class Rendezvous(Protocol):

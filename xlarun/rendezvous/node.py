@@ -37,7 +37,7 @@ from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError
 from xlarun.failures import FailureRecord
 from xlarun.ranks import NodeAssignment
-from xlarun.rendezvous import AttemptEnd, NodeStacks, StopRequest
+from xlarun.rendezvous import AttemptEnd, NodeStacks, StopRequest, shown
 from xlarun.rendezvous.joining import (
     Member,
     Roster,
@@ -52,6 +52,7 @@ from xlarun.rendezvous.store import (
     Client,
     Connector,
     JobKeys,
+    first_line,
     lost_store_is_one_line,
     lost_store_line,
     open_job_store,
@@ -63,11 +64,14 @@ from xlarun.rendezvous.watching import (
     HUNG,
     LEFT,
     LEFT_BEAT,
+    STALL,
     EndWatch,
     Heartbeat,
     Monitor,
     News,
     announce,
+    lost_node,
+    settle,
     wait_for_end,
     wait_until_left,
 )
@@ -216,8 +220,11 @@ class NodeRendezvous:
         self._request_stop(self._lost)
 
     def _describe_lost_store(self, error: BaseException) -> str:
+        where = f"{self._store_host}:{self._store_port}"
+        if self._serving:  # the store runs in this process: no other node is to blame
+            return f"the rendezvous store this node serves at {where} stopped answering ({first_line(error)})"
         store_node = self._seat.store_node if self._seat is not None else self._seating.store_host_node
-        return lost_store_line(f"{self._store_host}:{self._store_port}", store_node, error)
+        return lost_store_line(where, store_node, error)
 
     def _request_stop(self, reason: str, hung: bool = False) -> None:
         with self._lock:
@@ -257,14 +264,18 @@ class NodeRendezvous:
         store = self._store_client()
         for node_rank in set(range(seat.nnodes)) - set(found):
             key = self._keys.attempt(seat.attempt, "stacks", node_rank)
-            with contextlib.suppress(DistNetworkError):
+            # A record xlarun did not write counts as none: that node's ranks are named as missing.
+            with contextlib.suppress(DistNetworkError, ValueError):
                 if store.check([key]) or wait_for_key(store, key, deadline):
                     found[node_rank] = NodeStacks.from_json(store.get(key))
         return [found[node_rank] for node_rank in sorted(found)]
 
     def publish_failure(self, failure: FailureRecord) -> None:
         def write(store: Client, seat: Seat) -> None:
-            store.compare_set(self._keys.attempt(seat.attempt, "failure"), "", json.dumps(dataclasses.asdict(failure)))
+            key, record = self._keys.attempt(seat.attempt, "failure"), json.dumps(dataclasses.asdict(failure))
+            first = store.compare_set(key, "", record)
+            if first != record.encode() and failure_record(first) is None:
+                store.set(key, record)  # a value xlarun did not write holds no failure's place
             announce(store, self._keys, seat.attempt,
                      News("failure", f"rank {failure.rank} on node {failure.node_rank} failed "
                                      f"(exit code {failure.exit_status})"))
@@ -281,7 +292,7 @@ class NodeRendezvous:
         store = self._store_client()
         with contextlib.suppress(DistNetworkError):  # the store's host is gone: the watchers report that
             if store.check([key]):
-                return FailureRecord(**json.loads(store.get(key)))
+                return failure_record(store.get(key))
         return None
 
     def finish_attempt(self, succeeded: bool) -> AttemptEnd:
@@ -296,6 +307,7 @@ class NodeRendezvous:
             raise LaunchError(self._lost)
         store = self._store_client()
         with lost_store_is_one_line(self._describe_lost_store):
+            settle(store, self._keys, seat.attempt, seat.node_rank, "finished", seat.nnodes)
             if succeeded:
                 if int(store.add(self._keys.attempt(seat.attempt, "done"), 1)) >= seat.nnodes:
                     announce(store, self._keys, seat.attempt, News(DONE))
@@ -303,10 +315,16 @@ class NodeRendezvous:
                 announce(store, self._keys, seat.attempt,
                          News("stopped", f"the workers of node {seat.node_rank} stopped"))
             wait_for_end(watch, store, self._keys, seat.attempt, seat.nnodes, self._status)
+            news = watch.news
+            lost = None
+            if not self._lost and news is not None and news.kind not in (DONE, "admit"):
+                # A node silent since before the end is found by then (Monitor), whatever ended the attempt.
+                found_by = watch.heard + self._timeouts.heartbeat + 2 * self._timeouts.beat_interval + STALL
+                lost = lost_node(store, self._keys, seat.attempt, found_by)
         if self._lost:
             raise LaunchError(self._lost)
-        assert watch.news is not None
-        return watch.news.end()
+        assert news is not None
+        return news.end(lost)
 
     def attempt_record(self) -> dict[str, Any]:
         seat = self._seat
@@ -350,12 +368,36 @@ class NodeRendezvous:
                      News(LEFT, f"node {seat.node_rank} left the job before its workers finished"))
         client.set(self._keys.heartbeat(self._agent), LEFT_BEAT.decode())
         client.set(self._keys("gone", self._agent), "left")
-        if seat is not None and int(client.add(self._keys.attempt(seat.attempt, "left"), 1)) >= seat.nnodes:
-            client.set(self._keys.attempt(seat.attempt, "all_left"), "1")
+        if seat is not None:
+            settle(client, self._keys, seat.attempt, seat.node_rank, "finished", seat.nnodes)
+            if int(client.add(self._keys.attempt(seat.attempt, "left"), 1)) >= seat.nnodes:
+                client.set(self._keys.attempt(seat.attempt, "all_left"), "1")
         if self._monitor is not None:
-            self._monitor.stop()
             if seat is not None:
+                # The monitor keeps watching: a node that went silent never says it left, and is counted once found.
                 monitor = self._monitor
                 wait_until_left(client, self._keys, seat.attempt, seat.nnodes, lambda: monitor.gone_from(seat.attempt),
                                 time.monotonic() + self._timeouts.close)
+            self._monitor.stop()
             self._seating.leave_as_host(client)
+
+
+INTEGER_FIELDS = ("rank", "local_rank", "returncode", "pid", "node_rank", "nnodes")
+
+
+def failure_record(raw: bytes) -> FailureRecord | None:
+    """A failure as another node published it; ``None`` for a record xlarun did not write (the
+    store is anyone's to write to). Its short text fields come back escaped; the traceback is
+    escaped where it is printed, and kept to its last 64 KiB here."""
+    try:
+        record = FailureRecord(**json.loads(raw))
+    except (ValueError, TypeError):
+        return None
+    integers = all(type(getattr(record, name)) is int for name in INTEGER_FIELDS)
+    texts = all(isinstance(getattr(record, name), str) for name in ("host", "error_file", "reason", "traceback"))
+    numbers = type(record.time) in (int, float) and type(record.peak_rss_mib) in (int, float, type(None))
+    # A status a process can exit with: its own code, or a signal's.
+    if not (integers and texts and numbers and -64 <= record.returncode <= 255):
+        return None
+    return dataclasses.replace(record, host=shown(record.host), error_file=shown(record.error_file),
+                               reason=shown(record.reason), traceback=record.traceback[-64 * 1024:])

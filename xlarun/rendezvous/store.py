@@ -25,7 +25,7 @@ from xlarun.config import TORCH_TRUE_WORDS
 from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
-from xlarun.rdzv_conf import default_seconds
+from xlarun.rdzv_conf import default_seconds, read_seconds
 
 # How often a status line on a terminal is redrawn while the agent waits.
 STATUS_INTERVAL = 0.5
@@ -108,13 +108,7 @@ def conf_seconds(conf: Mapping[str, str], key: str, default: float | None = None
     text = conf.get(key)
     if text is None:
         return default_seconds(key) if default is None else default
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if value <= 0:
-        raise UsageError(f"{flag('rdzv_conf')} {key}={text!r} is invalid: expected a positive number of seconds")
-    return value
+    return read_seconds(key, text)
 
 
 def conf_flag(conf: Mapping[str, str], key: str) -> bool | None:
@@ -191,6 +185,9 @@ class JobKeys:
         attempt_<n>/end              what ended the attempt (first writer wins); every node waits on it
         attempt_<n>/failure          the first failure of the attempt (JSON), first writer wins
         attempt_<n>/done             how many nodes' workers all succeeded
+        attempt_<n>/settled/<rank>   ``finished`` (the node's workers are gone) or ``lost``; first writer wins
+        attempt_<n>/settled          how many nodes settled; ``accounted`` once all did, or one was lost
+        attempt_<n>/lost             the first node found silent before the attempt ended (JSON): the root cause
         attempt_<n>/left, all_left   how many nodes read the outcome and left; the host closes after all
     """
 
@@ -209,6 +206,20 @@ class JobKeys:
 
     def heartbeat(self, agent: int) -> str:
         return self("heartbeat", agent)
+
+
+def read_count(client: Client, key: str) -> int:
+    """A counter that another process may have written to: 0 where it is absent or not a number.
+
+    Read with ``get``: a TCPStore server answers ``add`` on a value that is not a number by
+    closing the connection, which would read as a lost store.
+    """
+    if not client.check([key]):
+        return 0
+    try:
+        return int(client.get(key))
+    except ValueError:
+        return 0
 
 
 def is_timeout(error: BaseException) -> bool:

@@ -20,9 +20,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from xlarun.console import StatusLine
-from xlarun.rendezvous import AttemptEnd
+from xlarun.rendezvous import AttemptEnd, LostNode, shown
 from xlarun.rendezvous.joining import Roster, read_roster
-from xlarun.rendezvous.store import STATUS_INTERVAL, Client, JobKeys, wait_for_key
+from xlarun.rendezvous.store import STATUS_INTERVAL, Client, JobKeys, read_count, wait_for_key
 
 DONE = "done"
 HUNG = "hung"
@@ -31,6 +31,11 @@ LEFT = "left"
 LEFT_BEAT = b"left"
 # How often the monitor asks torch's rendezvous whether nodes wait to join (a read of its whole state).
 ADMISSION_INTERVAL = 1.0
+# A timed wait of this process that overran by more than this many seconds: the process itself
+# did not run (SIGSTOP, Ctrl-Z, a suspended host), and that time is no other party's silence.
+STALL = 1.0
+# What an end record may say, besides ``done``.
+KINDS = ("failure", "lost", LEFT, "stopped", HUNG, "admit")
 
 
 @dataclass(frozen=True)
@@ -47,19 +52,52 @@ class News:
 
     @classmethod
     def decode(cls, raw: bytes) -> News:
+        """The end as written; one that xlarun did not write (the store is anyone's to write to) stops
+        the attempt, and says so. Its reason comes back escaped (:func:`~xlarun.rendezvous.shown`)."""
         if raw == DONE.encode():
             return cls(DONE)
-        fields = json.loads(raw)
-        return cls(fields["kind"], fields["reason"])
+        try:
+            fields = json.loads(raw)
+            kind, reason = fields["kind"], fields["reason"]
+        except (ValueError, TypeError, KeyError):
+            kind = reason = None
+        if kind not in KINDS or not isinstance(reason, str):
+            return cls("stopped", f"the attempt's end record in the store is not one xlarun writes: {shown(raw)}")
+        return cls(kind, shown(reason, 1000))
 
-    def end(self) -> AttemptEnd:
+    def end(self, lost_node: LostNode | None = None) -> AttemptEnd:
         return AttemptEnd(succeeded=self.kind == DONE, lost=self.reason if self.kind in ("lost", LEFT) else None,
-                          admitting=self.kind == "admit")
+                          admitting=self.kind == "admit", lost_node=lost_node)
 
 
 def announce(client: Client, keys: JobKeys, attempt: int, news: News) -> None:
     """Write ``news`` as the attempt's end unless something already ended it."""
     client.compare_set(keys.attempt(attempt, "end"), "", news.encode())
+
+
+def settle(client: Client, keys: JobKeys, attempt: int, node_rank: int, how: str, nnodes: int) -> None:
+    """Count node ``node_rank`` of ``attempt`` settled, once: ``finished`` (its workers are gone) or
+    ``lost``. Whoever settles the last node says the attempt is ``accounted`` for."""
+    if client.compare_set(keys.attempt(attempt, "settled", node_rank), "", how) != how.encode():
+        return
+    if int(client.add(keys.attempt(attempt, "settled"), 1)) >= nnodes:
+        client.set(keys.attempt(attempt, "accounted"), "1")
+
+
+def lost_node(client: Client, keys: JobKeys, attempt: int, deadline: float) -> LostNode | None:
+    """The node found silent before ``attempt`` ended, if one was: waits until every node settled
+    or one was found lost, up to ``deadline`` (monotonic), by which a silent node has been found.
+
+    A record xlarun did not write is ignored: the workers' own failures are the root cause then.
+    """
+    wait_for_key(client, keys.attempt(attempt, "accounted"), deadline)
+    key = keys.attempt(attempt, "lost")
+    if not client.check([key]):
+        return None
+    try:
+        return LostNode.from_json(client.get(key))
+    except ValueError:
+        return None
 
 
 class Heartbeat:
@@ -137,10 +175,16 @@ class Watchdog:
             self._beats.discard(beat)
 
     def _run(self) -> None:
+        last = time.monotonic()
         while True:
             time.sleep(self._check_interval)
             now = time.monotonic()
+            stalled, last = now - last - self._check_interval, now
             with self._lock:
+                if stalled > STALL:
+                    # This process did not run: no store left a beat unanswered meanwhile.
+                    for beat in self._beats:
+                        beat.answered = min(beat.answered + stalled, now)
                 late = [beat for beat in self._beats if now - beat.answered > beat.limit]
                 self._beats.difference_update(late)
             for beat in late:
@@ -165,12 +209,15 @@ class EndWatch:
         self._on_lost = on_lost
         self.ended = threading.Event()
         self.news: News | None = None
+        self.heard = 0.0
+        """When the news came (monotonic)."""
         threading.Thread(target=self._run, name="xlarun-attempt-end", daemon=True).start()
 
     def _run(self) -> None:
         try:
             wait_for_key(self._client, self._key, None)
             self.news = News.decode(self._client.get(self._key))
+            self.heard = time.monotonic()
         except Exception as error:  # the store is gone: no news will ever come
             self._on_lost(error)
         else:
@@ -191,6 +238,8 @@ class Silence:
     seconds: float = 0.0
     declared: bool = False
     """The agent was declared lost in this attempt (once is enough)."""
+    alive_after_end: bool = False
+    """Its heartbeat moved after the attempt's end was written: lost later, it is not why the attempt ended."""
 
 
 class Monitor:
@@ -199,9 +248,15 @@ class Monitor:
     Each interval it reads the current attempt's heartbeats in one request; an agent whose
     counter stood still for ``heartbeat_timeout`` is declared lost: the attempt's end key
     says so, and ``gone/<agent>`` lets a replacement take its node rank. Time in which the
-    store itself did not answer counts as nobody's silence. It also reports agents of other
+    store itself did not answer, or this process did not run, counts as nobody's silence.
+
+    An agent silent since before the attempt's end was written is why the attempt ended, even
+    where a worker elsewhere failed first (its collective lost the vanished node's workers):
+    ``attempt_<n>/lost`` records it for every node's report. The order is the monitor's own
+    view: a beat read after a read that already saw the end. It also reports agents of other
     jobs that were refused, and (c10d) calls a restart when nodes wait to join an attempt
-    that runs with fewer than the maximum.
+    that runs with fewer than the maximum. Whatever another process wrote to the store is
+    checked: a value xlarun did not write is named once and the watch goes on.
     """
 
     def __init__(self, client: Client, keys: JobKeys, heartbeat_timeout: float, interval: float,
@@ -220,6 +275,8 @@ class Monitor:
         self._silence: dict[int, Silence] = {}
         self.gone: set[int] = set()
         self._last_read = time.monotonic()
+        self._end_seen = False
+        self._named: set[str] = set()
         self._next_admission = 0.0
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="xlarun-monitor", daemon=True)
@@ -233,21 +290,29 @@ class Monitor:
             self._thread.join()
 
     def _run(self) -> None:
+        from torch.distributed import DistNetworkError
+
         while not self._stopped.wait(self._interval):
             try:
                 self._look()
-            except Exception:  # the store is gone; every agent, this one included, hears it on its own
+            except DistNetworkError:  # the store is gone; every agent, this one included, hears it on its own
                 return
+            except Exception as error:  # a value xlarun did not write: named once, and the watch goes on
+                line = f"ignored a value in the rendezvous store that xlarun did not write: {shown(str(error))}"
+                if line not in self._named:
+                    self._named.add(line)
+                    self._status.say(line)
 
     def _look(self) -> None:
         self._report_refusals()
-        published = int(self._client.add(self._keys("published"), 0))
+        published = read_count(self._client, self._keys("published"))
         if published == 0:
             return
         if published - 1 != self._attempt:
             self._attempt = published - 1
             self._roster = read_roster(self._client, self._keys, self._attempt)
             self._silence = {member.agent: Silence() for member in self._roster.members}
+            self._end_seen = False
         assert self._roster is not None
         self._check_heartbeats(self._roster)
         if self._nodes_waiting is not None and time.monotonic() >= self._next_admission:
@@ -255,10 +320,14 @@ class Monitor:
             self._admit(self._roster)
 
     def _check_heartbeats(self, roster: Roster) -> None:
+        # Seen before the beats are read: a beat that moves in a later read came after the end.
+        ended_before = self._end_seen
+        self._end_seen = ended_before or self._client.check([self._keys.attempt(self._attempt, "end")])
         asked = time.monotonic()
         beats = self._client.multi_get([self._keys.heartbeat(member.agent) for member in roster.members])
         answered = time.monotonic()
-        step = answered - self._last_read if answered - asked < self._interval else 0.0
+        # A read that overran by more than STALL: this process did not run, and counts the interval only.
+        step = min(answered - self._last_read, self._interval + STALL) if answered - asked < self._interval else 0.0
         self._last_read = answered
         for rank, (member, beat) in enumerate(zip(roster.members, beats, strict=True)):
             if beat == LEFT_BEAT:
@@ -266,17 +335,25 @@ class Monitor:
             silence = self._silence[member.agent]
             if beat != silence.beat:
                 silence.beat, silence.seconds = beat, 0.0
+                silence.alive_after_end = silence.alive_after_end or ended_before
             else:
                 silence.seconds += step
             if not silence.declared and (member.agent in self.gone or silence.seconds > self._timeout):
                 silence.declared = True
-                self._declare_lost(rank, member.agent)
+                self._declare_lost(roster, rank, silence)
 
-    def _declare_lost(self, rank: int, agent: int) -> None:
-        self.gone.add(agent)
-        announce(self._client, self._keys, self._attempt,
-                 News("lost", f"node {rank} stopped responding (no heartbeat for {self._timeout:g} s)"))
-        self._client.set(self._keys("gone", agent), "lost")
+    def _declare_lost(self, roster: Roster, rank: int, silence: Silence) -> None:
+        member = roster.members[rank]
+        lost = LostNode(rank, member.host, self._timeout)
+        self.gone.add(member.agent)
+        if not silence.alive_after_end:
+            # Recorded before the end is announced: a node that reads a "lost" end finds its record.
+            self._client.compare_set(self._keys.attempt(self._attempt, "lost"), "", lost.to_json())
+        announce(self._client, self._keys, self._attempt, News("lost", lost.message))
+        self._client.set(self._keys("gone", member.agent), "lost")
+        settle(self._client, self._keys, self._attempt, rank, "lost", len(roster.members))
+        if not silence.alive_after_end:
+            self._client.set(self._keys.attempt(self._attempt, "accounted"), "1")
 
     def _admit(self, roster: Roster) -> None:
         """torchrun's rule: nodes waiting while fewer than the maximum run are let in by a restart.
@@ -294,12 +371,12 @@ class Monitor:
                      News("admit", f"{waiting} node{'s' if waiting > 1 else ''} waiting to join"))
 
     def _report_refusals(self) -> None:
-        """The job's side of a refusal: one line per stray agent turned away."""
-        count = int(self._client.add(JobKeys.REFUSED, 0))
+        """The job's side of a refusal: one line per stray agent turned away (in the stray's words, escaped)."""
+        count = read_count(self._client, JobKeys.REFUSED)
         if count > self._refusals_seen:
             self._refusals_seen = count
-            last = self._client.get(JobKeys.REFUSED_LAST).decode()
-            self._status.say(f"refused an agent of another job: {last}")
+            last = self._client.get(JobKeys.REFUSED_LAST) if self._client.check([JobKeys.REFUSED_LAST]) else b"?"
+            self._status.say(f"refused an agent of another job: {shown(last)}")
 
     def gone_from(self, attempt: int) -> int:
         """How many of ``attempt``'s nodes were declared lost (they will never say they left)."""

@@ -126,9 +126,15 @@ class Agent:
             if attempt_end.admitting:
                 continue  # torchrun's rule: letting waiting nodes in spends no restart
             failures = self._failures(records, node)
+            lost = attempt_end.lost_node
+            # A failure the lost node itself published came before it went silent: that stays the root cause.
+            if lost is not None and failures and failures[0].node_rank == lost.node_rank:
+                lost = None
             if restarts >= self.config.max_restarts:
                 if outcome.hang is not None:
                     return self._hung(node, outcome.hang)
+                if lost is not None:
+                    return self._reported(RunEnd.node_lost(lost, failures))
                 if attempt_end.lost and not failures:
                     raise LaunchError(attempt_end.lost)
                 return self._fail(failures, outcome)
@@ -140,7 +146,8 @@ class Agent:
 
                     say(f"where the ranks of attempt {attempt - 1} stood: {describe_positions(outcome.hang.positions)}")
             else:
-                why = describe(failures[0]) if failures else attempt_end.lost or outcome.stop_reason or "stopped"
+                why = (lost.message if lost is not None else describe(failures[0]) if failures
+                       else attempt_end.lost or outcome.stop_reason or "stopped")
                 how = f"failed ({why})"
             say(f"attempt {attempt - 1} {how}; restarting the worker group "
                 f"(restart {restarts} of {self.config.max_restarts})")

@@ -1,5 +1,6 @@
 """How a run ended, as one value: :class:`RunEnd`, whose root cause is a worker's
-:class:`~xlarun.failures.FailureRecord` or a :class:`HangCause`.
+:class:`~xlarun.failures.FailureRecord`, a :class:`HangCause` or a node lost
+(:class:`~xlarun.rendezvous.LostNode`).
 
 Usage::
 
@@ -10,7 +11,8 @@ The agent makes it; :func:`~xlarun.supervision.report.root_cause_report` prints 
 :meth:`~xlarun.supervision.report.RunSummary.write` records it in the summary file, and the command
 line exits with its code. Each way a run ends has its constructor, which works out the exit code:
 the root cause's status (:func:`~xlarun.failures.exit_status`), 128+N for the launcher's signal N,
-:data:`~xlarun.failures.HUNG_EXIT_CODE` for a hang.
+:data:`~xlarun.failures.HUNG_EXIT_CODE` for a hang, 1 for a node lost (torchrun's code for a lost agent:
+:data:`~xlarun.rendezvous.LOST_NODE_EXIT_CODE`).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from typing import Literal
 
 from xlarun.exceptions import LaunchError
 from xlarun.failures import HUNG_EXIT_CODE, FailureRecord, signal_exit_status
-from xlarun.rendezvous import NodeStacks
+from xlarun.rendezvous import LostNode, NodeStacks
 
 Result = Literal["succeeded", "failed", "hung", "signalled", "launcher_error", "not_needed"]
 """The summary file's ``result``: ``not_needed`` is a node the job ended without (an elastic job
@@ -54,7 +56,7 @@ class HangCause:
         return {rank: path for stacks in self.nodes for rank, path in sorted(stacks.stacks_files.items())}
 
 
-RootCause = FailureRecord | HangCause
+RootCause = FailureRecord | HangCause | LostNode
 
 
 @dataclass(frozen=True)
@@ -64,7 +66,8 @@ class RunEnd:
     result: Result
     exit_code: int
     root_cause: RootCause | None = None
-    """The first failure observed (this node's or another's), or the hang; None where no worker is to blame."""
+    """The first failure observed (this node's or another's), the hang, or the node lost before the
+    attempt ended; None where no worker is to blame."""
     launcher_signal: int | None = None
     """The signal that stopped the launcher, by number."""
     error: str | None = None
@@ -91,6 +94,12 @@ class RunEnd:
             return cls("failed", 1)
         return cls("failed", failures[0].exit_status, failures[0], other_failures=tuple(failures[1:]),
                    stopped_with_errors=tuple(stopped_with_errors))
+
+    @classmethod
+    def node_lost(cls, lost: LostNode, failures: Sequence[FailureRecord] = ()) -> RunEnd:
+        """A node fell silent before the attempt ended; ``failures``: the workers that failed after it
+        (their peers' collectives lost it), in the order they were seen."""
+        return cls("failed", lost.exit_status, lost, other_failures=tuple(failures))
 
     @classmethod
     def hung(cls, cause: HangCause) -> RunEnd:

@@ -26,6 +26,7 @@ from typing import Any
 from xlarun.console import console, say
 from xlarun.contract import STACKS_FILE, read_error_file
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name, stderr_excerpt
+from xlarun.rendezvous import LostNode
 from xlarun.supervision.end import HangCause, RootCause, RunEnd
 from xlarun.supervision.group import WorkerResult
 
@@ -94,10 +95,13 @@ def format_failure(index: int, failure: FailureRecord) -> str:
             f"  traceback : {traceback}")
 
 
-def format_report(name: str, failures: list[FailureRecord]) -> str:
-    """torchrun's summary block; ``failures[0]`` is the root cause."""
+def format_report(name: str, failures: list[FailureRecord], lost: LostNode | None = None) -> str:
+    """torchrun's summary block; ``failures[0]`` is the root cause, unless a node was ``lost``: then
+    that is, and every failure is listed under it."""
     title = f"{name} FAILED"
     blocks = [format_failure(index, failure) for index, failure in enumerate(failures)]
+    if lost is not None:
+        blocks.insert(0, f"  {lost.message}")
     width = min(MAX_WIDTH, max([len(title)] + [len(line) for block in blocks for line in block.split("\n")]))
     others = "\n".join(blocks[1:]) or "  <NO_OTHER_FAILURES>"
     return "\n".join(["", "=" * width, title, "-" * width, "Failures:", others, "-" * width,
@@ -107,13 +111,18 @@ def format_report(name: str, failures: list[FailureRecord]) -> str:
 def print_root_cause(end: RunEnd, script: str) -> None:
     """Print on stderr why the run ended, where a worker failed or the workers hung: torchrun's report
     (and the OOM killer named, where it killed the root cause); or where the ranks stood and where
-    every thread's stack was written."""
+    every thread's stack was written; or the node lost, under the failures it caused, and in one line."""
     cause = end.root_cause
     if isinstance(cause, FailureRecord):
         console(2).write((format_report(script, [cause, *end.other_failures]) + "\n").encode(errors="replace"))
         if cause.reason == "oom_killed":
             where = f" on node {cause.node_rank}" if cause.nnodes > 1 else ""
             say(f"rank {cause.rank}{where} was killed by the kernel's OOM killer{peak_rss_note(cause.peak_rss_mib)}")
+    elif isinstance(cause, LostNode):
+        if end.other_failures:
+            report = format_report(script, list(end.other_failures), cause)
+            console(2).write((report + "\n").encode(errors="replace"))
+        say(cause.message)
     elif isinstance(cause, HangCause):
         from xlarun.supervision.stacks import describe_positions, rank_ranges  # loaded only when a run hangs
 
@@ -188,7 +197,11 @@ class RunSummary:
 
 def root_cause_record(cause: RootCause) -> dict[str, Any]:
     """The summary's ``root_cause``: a failure's record with its exit status and, for a signal, the
-    signal's name; or a hang's ``reason``, ``message``, ``exit_status``, ``positions`` and ``stacks_files``."""
+    signal's name; or a hang's ``reason``, ``message``, ``exit_status``, ``positions`` and ``stacks_files``;
+    or a lost node's ``reason`` (``node_lost``), ``node_rank``, ``host``, ``message`` and ``exit_status``."""
+    if isinstance(cause, LostNode):
+        return {"reason": "node_lost", "node_rank": cause.node_rank, "host": cause.host, "message": cause.message,
+                "exit_status": cause.exit_status}
     if isinstance(cause, HangCause):
         return {"reason": "hung", "message": cause.message, "exit_status": cause.exit_status,
                 "positions": {str(rank): where for rank, where in cause.positions.items()},
