@@ -6,15 +6,24 @@ and the manual's table is held to it by a test (:func:`markdown_table`). A key n
 by neither xlarun nor torch's handler: it is ignored, as torchrun ignores it. What torchrun checks
 of a value, per backend, is :data:`xlarun.cli.rules.RDZV_CONF_READ`.
 
+A number of seconds given to a key is bounded as every duration a user gives
+(:class:`xlarun.durations.Seconds`: finite, above 0, at most 7 days): :func:`read_seconds` reads it
+so, for the rendezvous and for the checks made before anything starts.
+
 Usage::
 
     heartbeat = default_seconds("heartbeat_timeout")      # 5.0
+    read_seconds("read_timeout", "inf")                   # raises UsageError naming --rdzv-conf read_timeout
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+
+from xlarun.durations import Seconds
+from xlarun.exceptions import InvalidValue, UsageError
+from xlarun.flags import flag
 
 STATIC = "static"
 C10D = "c10d"
@@ -68,6 +77,24 @@ def default_seconds(key: str) -> float:
     if seconds is None:
         raise KeyError(f"--rdzv-conf {key} is no number of seconds")
     return seconds
+
+
+SECONDS = Seconds()
+"""What a key whose value is a number of seconds takes."""
+
+
+def seconds_keys(backend: str) -> tuple[str, ...]:
+    """The keys ``backend`` reads as a number of seconds."""
+    return tuple(setting.key for setting in SETTINGS if setting.seconds is not None and backend in setting.backends)
+
+
+def read_seconds(key: str, text: str) -> float:
+    """The seconds ``--rdzv-conf key=text`` gives; a UsageError naming the key where :data:`SECONDS` refuses them."""
+    try:
+        return SECONDS(text)
+    except InvalidValue as refusal:
+        detail = f" ({refusal})" if str(refusal) else ""
+        raise UsageError(f"{flag('rdzv_conf')} {key}={text!r} is invalid{detail}: {SECONDS.allowed}") from None
 
 
 def help_text() -> str:

@@ -88,6 +88,15 @@ BAD_INPUTS = {
     "bad PET value": ([], {"PET_NPROC_PER_NODE": "lots"}, "--nproc-per-node (from PET_NPROC_PER_NODE)='lots'"),
     "bad PET boolean": ([], {"PET_STANDALONE": "yes"}, "PET_STANDALONE"),
     "bad PET nnodes": ([], {"PET_NNODES": "1:2:3"}, "PET_NNODES"),
+    "shutdown timeout past the bound": (["--shutdown-timeout", "99999999"], {},
+                                        "--shutdown-timeout='99999999' is invalid (over 7 days): expected a number of "
+                                        "seconds from 0 to 604800 (7 days)"),
+    "hang timeout infinite": (["--hang-timeout", "inf"], {}, "--hang-timeout='inf' is invalid (not finite): expected "
+                                                            "a positive number of seconds up to 604800 (7 days)"),
+    "hang timeout from its variable": ([], {"XLARUN_HANG_TIMEOUT": "1e308"},
+                                       "--hang-timeout (from XLARUN_HANG_TIMEOUT)='1e308' is invalid (over 7 days)"),
+    "monitor interval not a number": (["--monitor-interval", "nan"], {}, "--monitor-interval='nan' is invalid"),
+    "tee rank of too many digits": (["--tee", "1" * 5000 + ":1"], {}, "--tee='111"),
 }
 
 
@@ -199,3 +208,15 @@ def test_a_coordinator_port_is_checked_against_the_master_port_the_run_will_use(
 def test_a_coordinator_port_on_a_static_endpoints_port_is_refused() -> None:
     assert "coordinator port 29400 is the master port" in refusal(
         "--nnodes", "2", "--node_rank", "1", "--rdzv_endpoint", "10.0.0.1:29400", "--coordinator-port", "29400", "t.py")
+
+
+@pytest.mark.parametrize("dest", [option.dest for option in OPTIONS if option.metavar == "SECONDS"])
+def test_every_seconds_flag_takes_the_bound_and_refuses_past_it(dest: str) -> None:
+    from xlarun.durations import MAX_SECONDS
+
+    option = OPTIONS_BY_DEST[dest]
+    assert option.parse is not None and option.parse(str(MAX_SECONDS)) == MAX_SECONDS
+    assert str(MAX_SECONDS) in option.allowed
+    for text in (str(MAX_SECONDS + 0.5), "inf", "-inf", "nan", "-1"):
+        with pytest.raises(ValueError):
+            option.parse(text)

@@ -46,6 +46,34 @@ def test_a_value_the_backend_reads_is_checked_as_torchrun_checks_it(backend: str
                               "t.py")
 
 
+@pytest.mark.parametrize("backend, nnodes, conf, message", [
+    ("c10d", "1", "read_timeout=99999999", "--rdzv-conf read_timeout='99999999' is invalid (over 7 days): expected a "
+                                           "positive number of seconds up to 604800 (7 days)"),
+    ("c10d", "1", "keep_alive_interval=0", "keep_alive_interval='0' is invalid: expected a positive number"),
+    ("static", "2", "join_timeout=inf", "join_timeout='inf' is invalid (not finite)"),
+    ("static", "2", "heartbeat_timeout=nan", "heartbeat_timeout='nan' is invalid (not finite)"),
+    ("static", "2", "timeout=99999999", "timeout='99999999' is invalid (over 7 days)"),
+])
+def test_seconds_out_of_bounds_are_refused_where_the_rendezvous_reads_them(backend: str, nnodes: str, conf: str,
+                                                                            message: str) -> None:
+    assert message in refusal("--rdzv-backend", backend, "--nnodes", nnodes, "--rdzv-conf", conf, "--master-port",
+                              "29500", "--dry-run", "t.py")
+
+
+def test_a_lone_static_node_reads_no_rendezvous_seconds_as_torchrun_ignores_them() -> None:
+    conf = "join_timeout=inf,heartbeat_timeout=nan,read_timeout=99999999"
+    assert prepare("--rdzv-conf", conf, "--master-port", "29500", "--dry-run", "t.py").config.rdzv_conf
+
+
+def test_the_rendezvous_reads_seconds_within_the_same_bounds() -> None:
+    from xlarun.exceptions import UsageError
+    from xlarun.rendezvous.store import Timeouts
+
+    assert Timeouts.read({"join_timeout": "604800"}, 600).join == 604800
+    with pytest.raises(UsageError, match=r"join_timeout='604801' is invalid \(over 7 days\)"):
+        Timeouts.read({"join_timeout": "604801"}, 600)
+
+
 @pytest.mark.parametrize("conf", ["a=1,", "a", "=1", "a= "])
 def test_every_item_needs_a_key_and_a_value_as_in_torchrun(conf: str) -> None:
     assert "is not key=value" in refusal("--rdzv-conf", conf, "t.py")

@@ -18,7 +18,6 @@ Under ``--cluster`` the scheduler's values take the place of those the command l
 
 from __future__ import annotations
 
-import math
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping
@@ -34,6 +33,7 @@ from xlarun.config import (
     parse_port,
     split_endpoint,
 )
+from xlarun.durations import Seconds
 from xlarun.exceptions import InvalidValue, UsageError
 from xlarun.flags import flag
 from xlarun.host.devices import DEVICES
@@ -69,12 +69,18 @@ def parse_nnodes(text: str) -> tuple[int, int]:
     return low, high
 
 
+MAX_WORKERS_PER_NODE = 4194304
+"""Linux's ``PID_MAX_LIMIT`` on 64-bit hosts: no host runs more processes, so no node more workers."""
+
+
 def parse_nproc(text: str) -> NprocRequest:
     if text in NPROC_WORDS:
         return NprocRequest(word=text)
     count = _integer(text)
     if count < 1:
         raise InvalidValue("needs at least 1")
+    if count > MAX_WORKERS_PER_NODE:
+        raise InvalidValue(f"over {MAX_WORKERS_PER_NODE}, the most processes a Linux host runs")
     return NprocRequest(count=count)
 
 
@@ -99,25 +105,9 @@ def parse_nonzero_port(text: str) -> int:
     return port
 
 
-def _number(text: str) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        raise InvalidValue() from None
-
-
-def parse_positive_float(text: str) -> float:
-    number = _number(text)
-    if not number > 0:
-        raise InvalidValue("must be positive")
-    return number
-
-
-def parse_seconds(text: str) -> float:
-    seconds = _number(text)
-    if not 0 <= seconds < math.inf:
-        raise InvalidValue()
-    return seconds
+GRACE_SECONDS = Seconds(zero_allowed=True)
+"""A grace before SIGKILL: 0 is SIGKILL at once."""
+SECONDS = Seconds()
 
 
 _STREAM_VALUE = re.compile(r"^[0-3]$")
@@ -130,7 +120,7 @@ def parse_stream_spec(text: str) -> StreamSpec:
         return StreamSpec(default=int(text))
     if _STREAM_MAPPING.match(text):
         pairs = (item.split(":") for item in text.split(","))
-        return StreamSpec(per_rank={int(rank): int(bits) for rank, bits in pairs})
+        return StreamSpec(per_rank={_integer(rank): int(bits) for rank, bits in pairs})
     raise InvalidValue()
 
 
@@ -324,7 +314,7 @@ OPTIONS: tuple[Option, ...] = (
                                                     "N times.", parse_non_negative_int, "0",
               "expected a non-negative integer", metavar="N"),
     _torchrun(("--monitor-interval", "--monitor_interval"), "Accepted, unused: worker exits are seen as they happen.",
-              parse_positive_float, "0.1", "expected a positive number of seconds", metavar="SECONDS"),
+              SECONDS, "0.1", SECONDS.allowed, metavar="SECONDS"),
     _torchrun(("--start-method", "--start_method"), "Accepted, unused: workers are always fresh processes.",
               choice(START_METHODS), "spawn", one_of(START_METHODS), metavar=_choices(START_METHODS)),
     _torchrun(("--event-log-handler", "--event_log_handler"), "Accepted, unused.", text, "null", metavar="NAME"),
@@ -370,11 +360,12 @@ OPTIONS: tuple[Option, ...] = (
     _torchrun(("--signals-to-handle", "--signals_to_handle"),
               "Signals the launcher forwards to every worker and then stops them with, exiting 128+N. SIGUSR1 and "
               "SIGUSR2 are always forwarded and the run goes on; Ctrl-Z always suspends the workers. A signal "
-              "left out keeps its default action (the orphan guard then kills the workers).", SignalList.parse,
+              "left out keeps its default action (the orphan guard then kills the workers). SIGKILL, SIGSTOP, "
+              "SIGCHLD and SIGCONT are refused.", SignalList.parse,
               SignalList().text, "expected signal names such as SIGTERM,SIGUSR1", metavar="SIGNAL,..."),
     _torchrun(("--shutdown-timeout", "--shutdown_timeout", "--kill-timeout", "--kill_timeout"),
               "Grace between the stop signal and SIGKILL when workers are stopped (--kill-timeout is xlarun's "
-              "older name).", parse_seconds, "30", "expected a number of seconds >= 0", metavar="SECONDS",
+              "older name).", GRACE_SECONDS, "30", GRACE_SECONDS.allowed, metavar="SECONDS",
               variable="TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
     _torchrun(("--virtual-local-rank", "--virtual_local_rank"),
               "Every worker gets LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES (the local rank's "
@@ -411,7 +402,7 @@ OPTIONS: tuple[Option, ...] = (
             "Seconds without progress (a line of output the launcher relays, a torch_xla step) and without CPU "
             "use after which the workers count as hung: every rank's Python stack goes to its stacks.txt and the "
             "report, and the run stops with exit code 124 (or restarts). A silent worker that computes is not "
-            "hung.", parse_positive_float, allowed="expected a positive number of seconds",
+            "hung.", SECONDS, allowed=SECONDS.allowed,
             variable="XLARUN_HANG_TIMEOUT", metavar="SECONDS", shown_default="off"),
     _xlarun(("--allow-busy-device", "--allow_busy_device"),
             "Start even though other processes hold the device files (a device shared on purpose)."),

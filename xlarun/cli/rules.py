@@ -16,6 +16,7 @@ from xlarun.config import TORCH_FALSE_WORDS, TORCH_TRUE_WORDS, LaunchConfig, Wor
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
 from xlarun.planning.packages import LONE_NODE_ON_A_FREE_PORT, Release
+from xlarun.rdzv_conf import read_seconds, seconds_keys
 
 
 def _is_integer(text: str) -> bool:
@@ -92,12 +93,18 @@ def require_script(script: str | None) -> str:
     return script
 
 
-def check_rdzv_conf(backend: str, conf: Mapping[str, str]) -> None:
-    """Refuse a value the chosen backend would refuse, as torchrun would; other keys pass unread."""
+def check_rdzv_conf(backend: str, conf: Mapping[str, str], several_nodes: bool) -> None:
+    """Refuse a value the chosen backend would refuse, as torchrun would, and a number of seconds out of
+    bounds (:func:`xlarun.rdzv_conf.read_seconds`) where xlarun's rendezvous reads it: under c10d, and
+    under static with several nodes. Other keys pass unread."""
     for key, (accepts, expected) in RDZV_CONF_READ[backend].items():
         if key in conf and not accepts(conf[key]):
             raise UsageError(f"{flag('rdzv_conf')} {key}={conf[key]!r} is invalid: the {backend} rendezvous "
                              f"reads it as {expected}")
+    if backend == "c10d" or several_nodes:
+        for key in seconds_keys(backend):
+            if key in conf:
+                read_seconds(key, conf[key])
 
 
 def lone_node_on_a_free_port(values: OptionValues, torchrun: Release) -> bool:
@@ -133,7 +140,7 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
     check_run_id(values, rdzv_id)
     if rdzv_backend in ("etcd", "etcd-v2"):
         raise UsageError(f"{flag('rdzv_backend')}={rdzv_backend} is not supported by xlarun: use static or c10d")
-    check_rdzv_conf(rdzv_backend, values["rdzv_conf"])
+    check_rdzv_conf(rdzv_backend, values["rdzv_conf"], max_nodes > 1)
     check_visible_devices(values, environ, nproc_per_node)
     node_rank = values["node_rank"]
     if rdzv_backend == "static":

@@ -1,0 +1,57 @@
+"""How long a user may ask xlarun to wait: the bounds of every number of seconds given to it.
+
+Flags (``--shutdown-timeout``, ``--hang-timeout``, ...), the variables that stand in for them
+and the ``--rdzv-conf`` keys all take their seconds through :class:`Seconds`: a finite number,
+above 0 (or 0 where a wait of none means something), at most :data:`MAX_SECONDS`.
+
+Usage::
+
+    grace = Seconds(zero_allowed=True)
+    grace("30")         # 30.0
+    grace("inf")        # raises InvalidValue("not finite")
+    grace.allowed       # "expected a number of seconds from 0 to 604800 (7 days)"
+    Seconds()("0")      # raises InvalidValue(): a wait of none is no timeout
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from xlarun.exceptions import InvalidValue
+
+MAX_DAYS = 7
+MAX_SECONDS = MAX_DAYS * 24 * 60 * 60
+"""The longest wait a user may ask for: 7 days. Every wait the launcher makes with a given number
+of seconds, plus the few seconds it adds, stays within what each clock and wait takes on every
+platform: ``poll``'s and ``epoll``'s timeout (a C int of milliseconds, about 24.8 days),
+``threading.TIMEOUT_MAX`` (about 49.7 days on Windows), ``datetime.timedelta`` and torch's store
+timeouts; and it is longer than any wait a job means."""
+
+
+@dataclass(frozen=True)
+class Seconds:
+    """A parser of a number of seconds: finite, above 0 (or 0 too, where ``zero_allowed``), at most
+    :data:`MAX_SECONDS`. Raises :class:`InvalidValue` saying what is wrong with the text."""
+
+    zero_allowed: bool = False
+
+    def __call__(self, text: str) -> float:
+        try:
+            seconds = float(text)
+        except ValueError:
+            raise InvalidValue() from None
+        if not math.isfinite(seconds):
+            raise InvalidValue("not finite")
+        if seconds > MAX_SECONDS:
+            raise InvalidValue(f"over {MAX_DAYS} days")
+        if seconds < 0 or (seconds == 0 and not self.zero_allowed):
+            raise InvalidValue()
+        return seconds
+
+    @property
+    def allowed(self) -> str:
+        """What the parser takes, as a refusal words it."""
+        if self.zero_allowed:
+            return f"expected a number of seconds from 0 to {MAX_SECONDS} ({MAX_DAYS} days)"
+        return f"expected a positive number of seconds up to {MAX_SECONDS} ({MAX_DAYS} days)"
