@@ -18,7 +18,7 @@ import shlex
 import pytest
 from helpers import REPO, TESTS, run_xlarun
 from metadata import serve_metadata, slice_attributes
-from readme import Command, manual_commands
+from readme import Command, manual_commands, section
 
 HOSTS = TESTS / "fixtures" / "hosts"
 CLUSTERS = TESTS / "fixtures" / "cluster"
@@ -61,3 +61,16 @@ def test_every_manual_command_plans(command: Command) -> None:
         assert document["device"] == host[1], command.line
     elif "--device" in words:
         assert document["device"] == words[words.index("--device") + 1], command.line
+
+
+@pytest.mark.torch_xla  # the second runs SPMD on virtual CPU devices
+def test_the_quick_starts_first_commands_run_as_pasted() -> None:
+    """What a newcomer pastes first runs for real: scripts that exist, exit 0 (on a free port)."""
+    first_block = section("Quick start").split("```bash\n", 1)[1].split("```", 1)[0]
+    lines = [line for line in first_block.splitlines() if line.startswith("xlarun ")]
+    assert len(lines) >= 2, first_block
+    for line in lines:
+        words = shlex.split(line)
+        assert (REPO / next(word for word in words if word.endswith(".py"))).is_file(), line
+        result = run_xlarun("--standalone", *words[1:], cwd=REPO, timeout=240)
+        assert result.returncode == 0, f"{line}\n{result.stderr[-4000:]}"
