@@ -275,3 +275,30 @@ def test_a_store_that_comes_late_is_reached_with_the_full_call_timeout() -> None
     finally:
         timer.join()
         listener.close()
+
+
+# ---- numbers a scheduler gives
+
+
+@pytest.mark.parametrize("kind, environ, variable", [
+    ("slurm", {"SLURM_JOB_ID": "1" * 5000, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n1"}, "SLURM_JOB_ID"),
+    ("slurm", {"SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n[1-" + "9" * 5000 + "]"},
+     "SLURM_JOB_NODELIST"),
+    ("mpi", {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0" + "1" * 19}, "OMPI_COMM_WORLD_RANK"),
+    ("gke-tpu", {"TPU_WORKER_ID": "1" * 4301, "TPU_WORKER_HOSTNAMES": "a,b"}, "TPU_WORKER_ID"),
+])
+def test_a_schedulers_number_past_64_bits_is_refused_naming_its_variable(kind: str, environ: dict[str, str],
+                                                                         variable: str) -> None:
+    from xlarun.cli.cluster import detect_cluster
+
+    with pytest.raises(UsageError, match=f"--cluster {kind}: {variable}") as refused:
+        detect_cluster(kind, environ)
+    assert len(str(refused.value)) < 200
+
+
+def test_leading_zeros_do_not_count_as_digits() -> None:
+    from xlarun.cli.cluster import detect_cluster
+
+    settings = detect_cluster("slurm", {"SLURM_JOB_ID": "0" * 30 + "7", "SLURM_NNODES": "1",
+                                        "SLURM_JOB_NODELIST": "n[" + "0" * 30 + "1-2]"})
+    assert (settings.run_id, settings.master_addr) == ("7", "n" + "0" * 30 + "1")

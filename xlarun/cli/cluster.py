@@ -72,7 +72,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, overload
 
-from xlarun.cli.hostlist import first_host
+from xlarun.cli.hostlist import MAX_NUMBER_DIGITS, first_host, too_long
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
 from xlarun.host.metadata import MetadataError, instance_attributes
@@ -219,7 +219,10 @@ def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
     _check_node_rank(node_rank, nnodes, "slurm", "SLURM_NODEID")
 
     nodelist_name = _set_name(environ, nodelist_names)
-    master_addr = first_host(environ[nodelist_name])
+    try:
+        master_addr = first_host(environ[nodelist_name])
+    except UsageError as error:
+        raise UsageError(f"{flag('cluster')} slurm: {nodelist_name}: {error}") from None
     run_id = str(job_id) if step_id is None else f"{job_id}.{step_id}"
     return ClusterSettings(kind="slurm", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
                            master_port=slurm_master_port(job_id, step_id or 0), run_id=run_id,
@@ -423,9 +426,15 @@ def _require(environ: Mapping[str, str], kind: str, required: Sequence[Sequence[
         raise UsageError(f"{flag('cluster')} {kind}: missing {', '.join(missing)}; {hint}")
 
 
-def _parse_count(text: str, name: str, kind: str) -> int:
-    if not _DIGITS.fullmatch(text) or int(text) < 1:
-        raise UsageError(f"{flag('cluster')} {kind}: {name}={text!r} is not a positive whole number")
+def _parse_count(text: str, name: str, kind: str, least: int = 1) -> int:
+    """``text`` read as a whole number ``least`` (0 or 1) or more, of at most
+    :data:`~xlarun.cli.hostlist.MAX_NUMBER_DIGITS` digits; a UsageError naming ``name`` otherwise."""
+    what = "a positive whole number" if least else "a whole number 0 or more"
+    if _DIGITS.fullmatch(text) and too_long(text):
+        raise UsageError(f"{flag('cluster')} {kind}: {name} is a number of {len(text)} digits, not {what} of at "
+                         f"most {MAX_NUMBER_DIGITS} digits as a scheduler gives")
+    if not _DIGITS.fullmatch(text) or int(text) < least:
+        raise UsageError(f"{flag('cluster')} {kind}: {name}={text!r} is not {what}")
     return int(text)
 
 
@@ -438,10 +447,7 @@ def _node_count(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> 
 def _whole_number(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> tuple[str, int]:
     """The first set variable of ``names`` and its value, a whole number 0 or more."""
     name = _set_name(environ, names)
-    text = environ[name]
-    if not _DIGITS.fullmatch(text):
-        raise UsageError(f"{flag('cluster')} {kind}: {name}={text!r} is not a whole number 0 or more")
-    return name, int(text)
+    return name, _parse_count(environ[name], name, kind, least=0)
 
 
 def _optional_int(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> int | None:
@@ -467,7 +473,7 @@ def _most_tasks_on_a_node(tasks_per_node: str) -> int:
     counts = []
     for item in tasks_per_node.split(","):
         match = _TASKS_PER_NODE_ITEM.fullmatch(item)
-        if match is None:
+        if match is None or too_long(match.group(1)):
             raise UsageError(f"{flag('cluster')} slurm: SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r} is not"
                              f" Slurm's counts form (e.g. 1(x4) or 2,1)")
         counts.append(int(match.group(1)))

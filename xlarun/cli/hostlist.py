@@ -12,7 +12,8 @@ against ``scontrol show hostnames`` (Slurm 22.05):
 - A name may hold several groups (``rack[1-2]_n[01-02]``, ``n[1-2][3-4]``); the
   first group varies slowest. Text may sit before and between groups, but not
   after the last one: Slurm refuses ``unit[0-31]rack`` and so does this module.
-- One range may name at most 65536 hosts, Slurm's own limit.
+- One range may name at most 65536 hosts, Slurm's own limit, and a host number has at most
+  :data:`MAX_NUMBER_DIGITS` digits (leading zeros aside).
 
 Where Slurm's C parser is lax by accident (``n[1-]``, spaces or signs inside
 numbers, an unclosed ``[`` that it turns into an odd host name), these functions
@@ -29,6 +30,10 @@ from dataclasses import dataclass
 from xlarun.exceptions import UsageError
 
 MAX_HOSTS_PER_RANGE = 65536
+MAX_NUMBER_DIGITS = 18
+"""The most digits (leading zeros aside) of a number a scheduler gives: a host number, a job id, a node
+count or rank. Each fits in 64 bits, as Slurm, Open MPI and Kubernetes hold them; a longer one is
+refused as malformed before ``int()``, which reads no more than 4,300 digits, is asked to."""
 
 _SEPARATORS = ", \t"
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
@@ -76,6 +81,11 @@ def first_host(text: str) -> str:
     if not patterns:
         raise UsageError(f"host list {text!r} names no host")
     return "".join(part if isinstance(part, str) else next(part[0].numbers()) for part in patterns[0])
+
+
+def too_long(digits: str) -> bool:
+    """Whether a number written in ``digits`` has more than :data:`MAX_NUMBER_DIGITS` digits, leading zeros aside."""
+    return len(digits.lstrip("0")) > MAX_NUMBER_DIGITS
 
 
 def _group_numbers(group: tuple[_Range, ...]) -> Iterator[str]:
@@ -145,6 +155,10 @@ def _parse_group(body: str, name: str) -> tuple[_Range, ...]:
             raise UsageError(
                 f"host name pattern {name!r}: {item!r} is not a number or a lo-hi range of digits")
         low_digits, high_digits = match.groups()
+        for digits in (low_digits, high_digits or ""):
+            if too_long(digits):
+                raise UsageError(f"a host number of {len(digits)} digits, more than {MAX_NUMBER_DIGITS}, in a range "
+                                 f"of the host name pattern starting {name[:24]!r}")
         low = int(low_digits)
         high = low if high_digits is None else int(high_digits)
         if high < low:
