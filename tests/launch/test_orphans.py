@@ -4,6 +4,7 @@ with SIGKILL alone, with its whole process group, or by a `pkill -f` of its comm
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -115,25 +116,84 @@ from xlarun.supervision.guard import OrphanGuard
 
 guard = OrphanGuard().start()
 guard.wait_ready()
-kept, forgotten = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for _ in range(2))
-guard.watch(kept.pid)
-guard.watch(forgotten.pid)
-guard.forget(forgotten.pid)
-print(kept.pid, forgotten.pid, flush=True)
+enlisted, unlisted = (subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"], start_new_session=True,
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=enlist)
+                      for enlist in (guard.enlist, None))
+gone = subprocess.Popen(["true"], start_new_session=True, preexec_fn=guard.enlist)
+gone.wait()
+guard.prune()
+print(enlisted.pid, unlisted.pid, flush=True)
 os.kill(os.getpid(), signal.SIGKILL)
 """
 
 
-def test_the_guard_kills_the_groups_it_watches_and_not_those_it_forgot() -> None:
-    """A group the launcher saw end is forgotten, so a later process that reuses its number is safe."""
+def test_the_guard_kills_the_groups_that_enlisted_and_nothing_else() -> None:
+    """A worker enlists itself before its exec; a group that is gone leaves the list, so a later
+    process that reuses its number is safe; a process that did not enlist is left alone."""
     completed = subprocess.run([sys.executable, "-c", GUARDED_LAUNCHER], capture_output=True, text=True,
                                env=clean_env(), timeout=60)
-    kept, forgotten = map(int, completed.stdout.split())
+    enlisted, unlisted = map(int, completed.stdout.split())
     try:
-        assert completed.returncode == -signal.SIGKILL
-        wait_for(lambda: not is_alive(kept), "the watched group to die", timeout=1.0)
+        assert completed.returncode == -signal.SIGKILL, completed.stderr
+        wait_for(lambda: not is_alive(enlisted), "the enlisted group to die", timeout=1.0)
         time.sleep(0.2)
-        assert is_alive(forgotten)
+        assert is_alive(unlisted)
     finally:
-        kill_all([kept, forgotten])
+        kill_all([enlisted, unlisted])
+
+
+RUN_MARKER = "ORPHANS_TEST_RUN"
+"""Set in a test launcher's environment, so every process it started carries it: found by it, not by name."""
+
+
+def marked(token: str) -> list[int]:
+    """Live processes whose environment carries ``RUN_MARKER=token``."""
+    needle = f"{RUN_MARKER}={token}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0") and is_alive(int(entry.name)):
+                found.append(int(entry.name))
+        except OSError:
+            continue
+    return found
+
+
+def children(pid: int) -> int:
+    """How many children a process has (the kernel's list, read without a scan of /proc)."""
+    try:
+        return len(Path(f"/proc/{pid}/task/{pid}/children").read_text().split())
+    except OSError:
+        return 0
+
+
+def test_no_worker_outlives_a_launcher_killed_during_start_up(port: int) -> None:
+    """50 launches of 16 workers, each launcher SIGKILLed at a random moment while it starts its
+    workers (once it has a random number of them, whatever this machine's speed): the guard
+    learns of each worker before its program starts, so nothing survives any of them."""
+    if not Path(f"/proc/{os.getpid()}/task/{os.getpid()}/children").exists():
+        pytest.skip("the kernel does not list a process's children in /proc")
+    rng = random.Random()
+    survivors: dict[str, list[int]] = {}
+    for _ in range(50):
+        token = uuid.uuid4().hex
+        started = rng.randint(1, 16)
+        launcher = subprocess.Popen([*XLARUN, "--nproc_per_node", "16", "--master_port", str(port),
+                                     "--no-python", "sleep", "600"],
+                                    env=clean_env({RUN_MARKER: token}), stdin=subprocess.DEVNULL,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        deadline = time.monotonic() + 30.0
+        # The guard is the launcher's first child; the workers follow.
+        while children(launcher.pid) < 1 + started and launcher.poll() is None and time.monotonic() < deadline:
+            pass
+        launcher.kill()
+        launcher.wait()
+        deadline = time.monotonic() + 2.0
+        while (left := marked(token)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if left:
+            survivors[token] = left
+            kill_all(left)
+    assert survivors == {}, f"{len(survivors)} of 50 launches left {sum(map(len, survivors.values()))} processes"

@@ -35,14 +35,15 @@ exits, signals and stops are still seen at once.
 
 The loop keeps one :class:`Worker` per worker: its spec, its process (and so its process
 group), the pidfd it waits on, its pipes and relays, and its result. Processes come from a
-factory (:class:`PosixProcess` unless told otherwise), so the loop runs against stand-ins in
-unit tests.
+factory (:class:`PosixProcess`, enlisted with the guard, unless told otherwise), so the loop runs
+against stand-ins in unit tests.
 """
 
 from __future__ import annotations
 
 import enum
 import errno
+import functools
 import os
 import resource
 import selectors
@@ -232,14 +233,14 @@ class WorkerGroup:
     def __init__(self, specs: list[WorkerSpec], kill_timeout: float = 30.0,
                  guard: OrphanGuard | None = None,
                  on_failure: Callable[[WorkerResult], None] | None = None,
-                 start_process: ProcessFactory = PosixProcess, hang_timeout: float | None = None,
+                 start_process: ProcessFactory | None = None, hang_timeout: float | None = None,
                  on_hang: Callable[[str], None] | None = None,
                  on_stacks: Callable[[Hang], None] | None = None):
         self._specs = specs
         self._kill_timeout = kill_timeout
         self._guard = guard
         self._on_failure = on_failure
-        self._start_process = start_process
+        self._start_process = start_process or functools.partial(PosixProcess, guard=guard)
         self._on_hang = on_hang
         self._on_stacks = on_stacks
         self._hang_watch: HangWatch | None = None
@@ -297,6 +298,8 @@ class WorkerGroup:
         try:
             self._start_worker(spec)
         except OSError as error:
+            if self._guard is not None:
+                self._guard.prune()  # a worker whose exec failed had enlisted
             # The workers already started must not run on alone.
             reason = f"cannot start local rank {spec.local_rank}: {start_failure(spec, error)}"
             self._begin_stop(Stopping(Cause.START_FAILED, self._grace_end(), reason))
@@ -311,8 +314,6 @@ class WorkerGroup:
             for handle in (stdout, stderr):
                 if isinstance(handle, int) and handle > 2:
                     os.close(handle)
-        if self._guard is not None:
-            self._guard.watch(process.pid)
         try:
             pidfd = process.open_pidfd()
         except OSError:
@@ -502,11 +503,8 @@ class WorkerGroup:
     def _release_from_guard(self) -> None:
         """Groups that are gone leave the guard's list: their numbers may now be reused by
         unrelated processes, which a guard acting later on must not kill."""
-        if self._guard is None:
-            return
-        for worker in self._workers:
-            if not worker.process.signal_group(0):
-                self._guard.forget(worker.pgid)
+        if self._guard is not None:
+            self._guard.prune()
 
     def _close(self) -> None:
         for key in list(self._selector.get_map().values()):

@@ -4,8 +4,8 @@ Usage::
 
     guard = OrphanGuard().start()     # before any worker exists
     guard.wait_ready()                # once, right before the first worker starts
-    guard.watch(pgid)                 # each worker's process group
-    guard.forget(pgid)                # a group that is gone, so its number may be reused safely
+    subprocess.Popen(argv, start_new_session=True, preexec_fn=guard.enlist)  # each worker
+    guard.prune()                     # groups that are gone leave the list, so their numbers may be reused
     guard.release()                   # the launcher ends normally: the guard exits, killing nothing
 
 torchrun's workers outlive a launcher killed with SIGKILL. Here a small forked process reads
@@ -13,6 +13,19 @@ a pipe whose other end only the launcher holds. The kernel closes that end whate
 the launcher, so end-of-file without ``done`` means the launcher is dead, and the guard sends
 SIGKILL to every process group it watches: each worker and every descendant that stayed in
 the worker's group.
+
+A worker is bound to the guard before its program starts: :meth:`OrphanGuard.enlist` runs in the
+new process between its fork and its exec, after it made its own session, and writes its process
+group to the pipe itself. The new process holds the pipe's write end until its exec closes it
+(``O_CLOEXEC``), so the guard cannot see end-of-file before the group's line: a launcher killed at
+any moment of a start leaves no worker behind. Had the launcher told the guard once the start
+returned, a launcher killed between the fork and that message left a worker running for good.
+The price: with a ``preexec_fn`` Python forks instead of using ``vfork``, about a millisecond
+per worker, against the tens of milliseconds a worker's Python takes to start. ``enlist`` is safe
+in a launcher that runs threads (the console's, the heartbeat's): it calls only ``getpgrp``,
+``signal`` and ``write`` and takes no lock that another thread could have held at the fork.
+``PR_SET_PDEATHSIG`` instead would need ``ctypes`` in the child, and kills only the worker, not
+children it may have started before the launcher learnt its group.
 
 The guard has to survive what killed the launcher, so before the launcher starts a worker:
 
@@ -34,6 +47,7 @@ GUARD_TITLE = "orphan-guard"
 """The guard's command line is ``orphan-guard <launcher pid>`` and its name ``orphan-guard``."""
 
 _DONE = b"done"
+_PRUNE = b"prune"
 
 # Signals the guard keeps as they are: faults it would raise on itself (ignoring them could only
 # make it spin), the two that cannot be ignored, and SIGCHLD, which ends nothing.
@@ -74,11 +88,23 @@ class OrphanGuard:
             finally:
                 self._close_ready()
 
-    def watch(self, pgid: int) -> None:
-        self._send(f"+{pgid}".encode())
+    def enlist(self) -> None:
+        """Tell the guard of the calling process's group. Runs in a new worker between its fork and
+        its exec (``preexec_fn``), once it leads a group of its own; see the module docstring."""
+        # A guard killed on its own must not take the worker with it: SIGPIPE (which the child's
+        # signals were just reset to) is ignored for the write, then given its default back.
+        signal.signal(signal.SIGPIPE, signal.SIG_IGN)
+        try:
+            os.write(self._write_fd, b"+%d\n" % os.getpgrp())
+        except OSError:
+            pass  # the guard is gone: the worker runs unguarded, as every other one then does
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
 
-    def forget(self, pgid: int) -> None:
-        self._send(f"-{pgid}".encode())
+    def prune(self) -> None:
+        """Groups without a live member leave the guard's list: their numbers may be reused by
+        unrelated processes, which a guard acting later must not kill. This includes the group
+        of a worker whose exec failed after it enlisted."""
+        self._send(_PRUNE)
 
     def release(self) -> None:
         if self.pid:
@@ -136,8 +162,8 @@ def _watch(read_fd: int) -> None:
         for line in lines:
             if line == _DONE:
                 return
-            if line.startswith(b"-"):
-                groups.discard(int(line[1:]))
+            if line == _PRUNE:
+                groups = {pgid for pgid in groups if _has_members(pgid)}
             else:
                 groups.add(int(line))
     for pgid in groups:
@@ -145,6 +171,16 @@ def _watch(read_fd: int) -> None:
             os.killpg(pgid, signal.SIGKILL)
         except OSError:
             pass  # the group ended on its own
+
+
+def _has_members(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass  # members the guard may not signal (they changed user): the group is not empty
+    return True
 
 
 def retitle(title: str) -> None:

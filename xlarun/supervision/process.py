@@ -1,7 +1,8 @@
 """A worker's process as the event loop drives it, and the factory that starts a real one.
 
 Every worker starts in a session of its own, so it leads a process group that also holds
-its children, and teardown signals the group. :class:`PosixProcess` is the real factory;
+its children, and teardown signals the group; the orphan guard learns of the group before the
+worker's program starts (:meth:`~xlarun.supervision.guard.OrphanGuard.enlist`). :class:`PosixProcess` is the real factory;
 unit tests pass stand-ins that follow :class:`WorkerProcess`.
 """
 
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from typing import IO, Protocol
 
 from xlarun.host.procfs import process_stats
+from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.relay import StreamPlan, StreamRelay, WorkerLogPlan
 
 
@@ -98,11 +100,13 @@ def stream_target(plan: StreamPlan) -> tuple[StreamTarget, StreamRelay | None]:
 
 
 class PosixProcess:
-    """A real worker: a new session (so a new process group) running the spec's argv."""
+    """A real worker: a new session (so a new process group) running the spec's argv, enlisted with
+    ``guard`` before its exec."""
 
-    def __init__(self, spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget):
+    def __init__(self, spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget, guard: OrphanGuard | None = None):
         popen = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=stdout, stderr=stderr,
-                                 start_new_session=True, close_fds=True)
+                                 start_new_session=True, close_fds=True,
+                                 preexec_fn=None if guard is None else guard.enlist)
         # Popen must not reap or warn about a child whose status the event loop collects.
         popen.returncode = 0
         self.pid: int = popen.pid
