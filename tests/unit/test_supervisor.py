@@ -266,3 +266,33 @@ def test_without_a_timeout_a_silent_group_runs_on() -> None:
     outcome, _ = run_group({}, before_run=stop_later)
     timers[0].join()
     assert outcome.hang is None and outcome.stop_reason == "stopped from outside"
+
+
+@pytest.mark.parametrize("kill_timeout, hang_timeout", [(1e308, None), (float("inf"), None), (30.0, float("inf")),
+                                                        (30.0, 1e308)], ids=["huge-grace", "endless-grace",
+                                                                             "endless-hang-timeout", "huge-hang-timeout"])
+def test_huge_or_endless_durations_are_waited_out_in_bounded_waits(kill_timeout: float,
+                                                                   hang_timeout: float | None) -> None:
+    """``select`` refuses a wait past about 24 days: the loop waits in bounded steps."""
+    outcome, (peer, _) = run_group({1: {"exit_code": 3}}, kill_timeout=kill_timeout, hang_timeout=hang_timeout)
+    assert [result.returncode for result in outcome.results] == [-signal.SIGTERM, 3]
+    assert peer.signals == [signal.SIGTERM]
+
+
+def test_the_teardown_after_a_fault_sends_sigkill_whatever_its_grace() -> None:
+    """A fault breaks the loop (here, reporting a failure); the teardown's wait, with a grace of
+    1e308 s, must not fail before SIGKILL went out to every group."""
+    started: list[FakeProcess] = []
+
+    def start(worker_spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget) -> FakeProcess:
+        options = {"exit_code": 3} if worker_spec.local_rank == 1 else {}
+        started.append(FakeProcess(worker_spec, stdout, stderr, **options))  # type: ignore[arg-type]
+        return started[-1]
+
+    def broken_report(result: WorkerResult) -> None:
+        raise RuntimeError("the report broke")
+
+    group = WorkerGroup([spec(0), spec(1)], kill_timeout=1e308, on_failure=broken_report, start_process=start)
+    with pytest.raises(RuntimeError, match="the report broke"):
+        group.run(FakeInbox())  # type: ignore[arg-type]
+    assert [process.signals[-1] for process in started] == [signal.SIGKILL, signal.SIGKILL]

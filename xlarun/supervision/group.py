@@ -331,7 +331,7 @@ class WorkerGroup:
 
     def _loop(self) -> None:
         while any(worker.still_waited_on for worker in self._workers):
-            for key, _ in self._selector.select(self._wait_time()):
+            for key, _ in self._selector.select(bounded_wait(self._wait_time())):
                 key.data()
             watch = self._hang_watch if self._stopping is None else None
             if watch is not None and watch.seconds_left() == 0:
@@ -416,20 +416,23 @@ class WorkerGroup:
         """The loop failed: SIGTERM every group, wait out the grace for the exits, SIGKILL, reap.
 
         No output is relayed any more (the relay may be what failed); the pidfds alone are waited on.
+        Whatever fails in the wait, SIGKILL still goes out: the caller releases the guard next.
         """
-        for worker in self._workers:
-            worker.process.signal_group(signal.SIGTERM)
         pending = [worker for worker in self._workers if worker.pidfd is not None]
-        deadline = self._grace_end()
-        with selectors.DefaultSelector() as exits:
-            for worker in pending:
-                assert worker.pidfd is not None
-                exits.register(worker.pidfd, selectors.EVENT_READ)
-            while exits.get_map() and (left := deadline - time.monotonic()) > 0:
-                for key, _ in exits.select(left):
-                    exits.unregister(key.fileobj)
-        for worker in self._workers:
-            worker.process.signal_group(signal.SIGKILL)
+        try:
+            for worker in self._workers:
+                worker.process.signal_group(signal.SIGTERM)
+            deadline = self._grace_end()
+            with selectors.DefaultSelector() as exits:
+                for worker in pending:
+                    assert worker.pidfd is not None
+                    exits.register(worker.pidfd, selectors.EVENT_READ)
+                while exits.get_map() and (left := deadline - time.monotonic()) > 0:
+                    for key, _ in exits.select(bounded_wait(left)):
+                        exits.unregister(key.fileobj)
+        finally:
+            for worker in self._workers:
+                worker.process.signal_group(signal.SIGKILL)
         for worker in pending:
             assert worker.pidfd is not None
             self._unwatch(worker.pidfd)
@@ -517,6 +520,16 @@ class WorkerGroup:
         self._stop_requests.close()
         if self._oom_witness is not None:
             self._oom_witness.close()
+
+
+MAX_WAIT_S = 3600.0
+"""The longest one wait of the loop lasts: a longer one (a grace or a hang timeout of years, or
+infinite) ends in as many waits as it takes, as ``select`` takes no more than about 24 days."""
+
+
+def bounded_wait(seconds: float | None) -> float | None:
+    """A wait for ``select``: at most :data:`MAX_WAIT_S` (None, for ever, stays so)."""
+    return None if seconds is None else min(seconds, MAX_WAIT_S)
 
 
 def remove_if_empty(path: str) -> None:
