@@ -51,7 +51,13 @@ class StreamSpec:
 
 TORCHRUN_HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
 """What torchrun handles (forwards to the workers, then stops them) unless ``--signals-to-handle`` says otherwise."""
-_UNCATCHABLE = (signal.SIGKILL, signal.SIGSTOP)
+_UNHANDLEABLE = {
+    signal.SIGKILL: "no process can catch it",
+    signal.SIGSTOP: "no process can catch it",
+    signal.SIGCHLD: "every worker's exit sends it to the launcher, which would stop the run at the first one",
+    signal.SIGCONT: "it continues the launcher after Ctrl-Z, which would then stop the run",
+}
+"""Signals ``--signals-to-handle`` refuses, and why: the launcher cannot catch them, or gets them itself."""
 
 
 @dataclass(frozen=True)
@@ -71,8 +77,9 @@ class SignalList:
         """torchrun's format: names as the ``signal`` module spells them (``SIGUSR1``), comma-separated.
 
         An empty item is skipped, as torchrun skips it. A name torchrun would only warn about
-        (``SIGFOO``, ``USR1``) or could not handle (``SIGKILL``) is refused: a launch that
-        silently handles less than it was told to is worse than one that does not start.
+        (``SIGFOO``, ``USR1``) or could not handle (:data:`_UNHANDLEABLE`: ``SIGKILL``, ``SIGCHLD``) is
+        refused: a launch that silently handles less than it was told to, or ends at its first
+        worker's exit, is worse than one that does not start.
         """
         signals: list[signal.Signals] = []
         for item in text.split(","):
@@ -82,8 +89,8 @@ class SignalList:
             number = signal.Signals.__members__.get(name)
             if number is None:
                 raise InvalidValue(f"{name!r} is no signal name")
-            if number in _UNCATCHABLE:
-                raise InvalidValue(f"{name} cannot be handled")
+            if number in _UNHANDLEABLE:
+                raise InvalidValue(f"{name} cannot be handled: {_UNHANDLEABLE[number]}")
             if number not in signals:
                 signals.append(number)
         return cls(tuple(signals), text)

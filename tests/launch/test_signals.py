@@ -84,3 +84,15 @@ def test_a_crash_stops_peers_with_sigterm(tmp_path: Path, out_dir: Path, port: i
     assert recorded(out_dir, 2) == []
     workers = json.loads(summary_file.read_text())["attempts"][0]["workers"]
     assert [(w["exitcode"], w["signal"]) for w in workers] == [(None, "SIGTERM"), (None, "SIGTERM"), (4, None)]
+
+
+@pytest.mark.parametrize("name", ["SIGCHLD", "SIGCONT"])
+def test_a_signal_the_launcher_gets_itself_is_refused(tmp_path: Path, port: int, name: str) -> None:
+    """Handled as a stop signal, SIGCHLD would end every run at its first worker's exit (exit 145),
+    SIGCONT every run continued after Ctrl-Z: refused in one line, nothing started."""
+    marker = tmp_path / "started"
+    result = run_xlarun("--signals-to-handle", f"SIGTERM,{name}", "--master_port", port,
+                        worker("marker.py"), marker)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.count("\n") == 1 and f"{name} cannot be handled" in result.stderr, result.stderr
+    assert not marker.exists()
