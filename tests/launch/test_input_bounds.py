@@ -102,7 +102,7 @@ def test_a_flags_number_of_over_4300_digits_is_refused(tmp_path: Path, flags: li
 @pytest.mark.parametrize("flags, env, names", [
     (["--nproc-per-node", "99999999999999999999999"], {}, "--nproc-per-node='99999999999999999999999' is invalid (over "),
     ([], {"PET_NPROC_PER_NODE": "4194305"}, "--nproc-per-node (from PET_NPROC_PER_NODE)='4194305' is invalid (over "),
-])
+], ids=["flag", "variable"])
 def test_more_workers_than_a_host_can_run_are_refused_before_any_is_planned(tmp_path: Path, flags: list[str],
                                                                             env: dict[str, str], names: str) -> None:
     assert_refused(tmp_path, *flags, env=env, names=names)
