@@ -256,6 +256,7 @@ class WorkerGroup:
         self._stopping: Stopping | None = None
         """None until the teardown begins."""
         self._oom_witness: OomWitness | None = None
+        self._said_console_stalled = False
 
     def request_stop(self, reason: str, hung: bool = False) -> None:
         """Ask the loop to tear the group down (safe from any thread, e.g. a rendezvous watcher;
@@ -335,7 +336,10 @@ class WorkerGroup:
                 key.data()
             watch = self._hang_watch if self._stopping is None else None
             if watch is not None and watch.seconds_left() == 0:
-                self._check_hang(watch)
+                if held := self._readers.held_back():
+                    self._console_stalled(watch, held)
+                else:
+                    self._check_hang(watch)
             if self._stopping is not None and self._stopping.due(time.monotonic()):
                 self._stopping = self._stopping.killed()
                 for worker in self._workers:
@@ -367,6 +371,16 @@ class WorkerGroup:
             say(busy_notice(watch))
         elif verdict is Verdict.HUNG:
             self._stacks_then_stop(f"no output for {watch.quiet_for:.0f} s and no CPU use", found_here=True)
+
+    def _console_stalled(self, watch: HangWatch, consoles: list[int]) -> None:
+        """The launcher itself held the workers' output back, its console being too far behind: that
+        time is not the workers' silence. Said once; the silence counts anew."""
+        watch.saw_progress()
+        if not self._said_console_stalled:
+            self._said_console_stalled = True
+            names = " and ".join({1: "stdout", 2: "stderr"}.get(fd, f"descriptor {fd}") for fd in consoles)
+            say(f"the launcher's {names} took no output for {watch.timeout:g} s (a paused terminal, a stalled "
+                "pipe?): the workers wait to write, which is no hang; the run goes on")
 
     def _stacks_then_stop(self, reason: str, found_here: bool) -> None:
         """The attempt is hung: tell the other nodes (when found here), take every running worker's

@@ -307,14 +307,15 @@ class PipeReaders:
     behind (:attr:`StreamRelay.paused`), the pipes that feed it leave the selector: the worker then
     waits in its own write, and the loop goes on watching exits, signals and stops. The console's
     :attr:`~xlarun.console.ConsoleWriter.space_fd` joins the selector instead, and once it turns
-    readable the paused pipes are read again. ``on_data`` hears of every chunk read.
+    readable the paused pipes are read again. ``on_data`` hears of every chunk read;
+    :meth:`held_back` says which consoles hold pipes back (their time is no worker's silence).
     """
 
     def __init__(self, selector: selectors.BaseSelector, on_data: Callable[[], None] | None = None):
         self._selector = selector
         self._on_data = on_data
-        self._paused: dict[IO[bytes], Callable[[], bool]] = {}
-        """Pipes left unread while their console catches up, with their readers."""
+        self._paused: dict[IO[bytes], tuple[Callable[[], bool], int]] = {}
+        """Pipes left unread while their console catches up, with their readers and the console's descriptor."""
         self._space_watched: set[int] = set()
 
     def add(self, pipe: IO[bytes], relay: StreamRelay) -> Callable[[], bool]:
@@ -354,9 +355,9 @@ class PipeReaders:
 
     def _pause(self, pipe: IO[bytes], read: Callable[[], bool], relay: StreamRelay) -> None:
         self._selector.unregister(pipe)
-        self._paused[pipe] = read
         writer = relay.console_writer
         assert writer is not None
+        self._paused[pipe] = read, writer.fd
         if writer.space_fd not in self._space_watched:
             self._space_watched.add(writer.space_fd)
             self._selector.register(writer.space_fd, selectors.EVENT_READ, lambda: self._resume(writer))
@@ -366,9 +367,14 @@ class PipeReaders:
         writer.take_space()
         if writer.full:
             return
-        for pipe, read in list(self._paused.items()):
-            del self._paused[pipe]
-            self._selector.register(pipe, selectors.EVENT_READ, read)
+        for pipe, (read, fd) in list(self._paused.items()):
+            if fd == writer.fd:
+                del self._paused[pipe]
+                self._selector.register(pipe, selectors.EVENT_READ, read)
+
+    def held_back(self) -> list[int]:
+        """The console descriptors (1, 2) whose readers are too far behind: workers wait to write to them."""
+        return sorted({fd for _, fd in self._paused.values()})
 
 
 def drain(pipes: list[Pipe]) -> None:
