@@ -107,8 +107,9 @@ def parse_port(text: str) -> int:
     return port
 
 
-def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
-    """``host[:port]`` with IPv6 hosts in brackets, as torchrun's rendezvous parses it."""
+def endpoint_parts(endpoint: str) -> tuple[str, int | None]:
+    """``host[:port]`` with IPv6 hosts in brackets, as torchrun's rendezvous parses it; the port None
+    where the endpoint names none."""
     endpoint = endpoint.strip()
     if not endpoint:
         raise InvalidValue("empty endpoint")
@@ -121,8 +122,13 @@ def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
         host, _, port_text = endpoint.rpartition(":") if ":" in endpoint else (endpoint, "", "")
     if not host:
         raise InvalidValue("no host")
-    port = parse_port(port_text) if port_text else default_port
-    return host, port
+    return host, parse_port(port_text) if port_text else None
+
+
+def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
+    """:func:`endpoint_parts`, with ``default_port`` where the endpoint names no port."""
+    host, port = endpoint_parts(endpoint)
+    return host, default_port if port is None else port
 
 
 TORCH_TRUE_WORDS = ("1", "true", "t", "yes", "y")
@@ -154,9 +160,11 @@ class Topology(enum.Enum):
     """How the nodes of a launch meet; :attr:`LaunchConfig.topology` says which one a launch is."""
 
     STANDALONE = "standalone"
-    """``--standalone``: one node on a free localhost port with a fresh run id, no store."""
+    """One node whose workers' store takes a free port at start, no store of the launcher's: c10d at
+    an endpoint whose port is 0, which is what ``--standalone`` is (on localhost, with a fresh run id)."""
     LONE_NODE = "lone node"
-    """One static node: ranks from the flags alone, no store, MASTER_PORT as given."""
+    """One static node: ranks from the flags alone, no store, MASTER_ADDR and MASTER_PORT the
+    endpoint's if one is given, else the master address and port, as torchrun's."""
     STATIC = "static"
     """Several nodes, each with its ``--node-rank``; node 0's agent serves the job's store."""
     C10D = "c10d"
@@ -212,15 +220,18 @@ class LaunchConfig:
     @property
     def topology(self) -> Topology:
         """The one classification of the launch that the real run and the dry run both read."""
-        if self.standalone:
+        # Several nodes could never reach a store at port 0: the command line refuses them.
+        if self.standalone or (self.rdzv_backend != "static" and self.store_address()[1] == 0):
             return Topology.STANDALONE
         if self.rdzv_backend != "static":
             return Topology.C10D
         return Topology.LONE_NODE if self.max_nodes == 1 else Topology.STATIC
 
     def store_address(self) -> tuple[str, int]:
-        """Where the job's store is served, for several nodes: static, the endpoint if one is
-        given, else the master address and port; c10d, the endpoint (its port 29400 unless named)."""
+        """Where the job's store is served (for one static node, the workers' store: MASTER_ADDR and
+        MASTER_PORT). Static: the endpoint if one is given (the command line refuses one without a
+        port, as torchrun), else the master address and port; c10d: the endpoint, its port 29400
+        unless named, port 0 for one picked free at start."""
         if self.rdzv_backend == "static":
             return split_endpoint(self.rdzv_endpoint, self.master_port) if self.rdzv_endpoint else \
                 (self.master_addr, self.master_port)

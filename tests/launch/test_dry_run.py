@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import CONTRACT_VARIABLES, PYTHON, TESTS, finish, plan, run_xlarun, start_xlarun, worker
+from helpers import CONTRACT_VARIABLES, PYTHON, TESTS, finish, free_port, plan, run_xlarun, start_xlarun, worker
 
 from xlarun.planning.device import xla_has_cuda
 from xlarun.planning.packages import installed_version
@@ -123,6 +123,26 @@ def test_static_endpoint_replaces_the_master_address_on_several_nodes() -> None:
     document = plan("--nnodes", "2", "--node_rank", "1", "--rdzv_endpoint", "10.0.0.9:29444", worker("dump_env.py"))
     assert (document["master_addr"], document["master_port"], document["rdzv_endpoint"]) == (
         "10.0.0.9", 29444, "10.0.0.9:29444")
+
+
+def test_static_endpoint_on_one_node_is_the_workers_store() -> None:
+    """pytorch/examples' run_example.sh: the endpoint is MASTER_ADDR and MASTER_PORT, over --master-port."""
+    port = free_port()
+    document = plan("--nnodes=1", "--nproc_per_node=2", "--rdzv_id=101", f"--rdzv_endpoint=localhost:{port}",
+                    "--master_port", free_port(), worker("dump_env.py"))
+    assert (document["master_addr"], document["master_port"], document["rdzv_endpoint"]) == (
+        "localhost", port, f"localhost:{port}")
+    assert document["decided_at_rendezvous"] == []
+    for entry in document["workers"]:
+        assert (entry["env"]["MASTER_ADDR"], entry["env"]["MASTER_PORT"]) == ("localhost", str(port))
+
+
+def test_c10d_endpoint_at_port_0_marks_the_port_it_takes_at_start() -> None:
+    document = plan("--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-id", "job5",
+                    worker("dump_env.py"))
+    assert (document["master_addr"], document["master_port"], document["run_id"]) == ("localhost", DECIDED, "job5")
+    assert "MASTER_PORT" in document["decided_at_rendezvous"]
+    assert "TORCHELASTIC_RUN_ID" not in document["decided_at_rendezvous"]
 
 
 def test_a_coordinator_port_given_is_never_a_stand_in_master_port() -> None:

@@ -51,6 +51,12 @@ def invocations(tmp_path: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
         "user's OMP and NCCL values": (["--nproc_per_node", "2", script],
                                        {**pet_port, "OMP_NUM_THREADS": "3", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}),
         "PET_NPROC_PER_NODE": ([script], {**pet_port, "PET_NPROC_PER_NODE": "2"}),
+        # pytorch/examples' distributed/ddp/run_example.sh: the endpoint names the workers' store.
+        "static endpoint, one node": (["--nnodes=1", "--nproc_per_node=2", "--rdzv_id=101",
+                                       f"--rdzv_endpoint=localhost:{port}", script], {}),
+        "static endpoint over a master port": (["--nnodes", "1", "--master_port", str(free_port()),
+                                                "--rdzv_endpoint", f"localhost:{port}", "--nproc_per_node", "2",
+                                                script], {}),
     }
 
 
@@ -58,6 +64,7 @@ def invocations(tmp_path: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     "nproc 2", "one node, explicit", "role, run id, restarts", "module", "no python",
     "local_rank substitution and launcher-looking args", "leading double dash",
     "relative script, one worker", "user's OMP and NCCL values", "PET_NPROC_PER_NODE",
+    "static endpoint, one node", "static endpoint over a master port",
 ])
 def test_workers_get_torchruns_contract(tmp_path: Path, case: str) -> None:
     args, env = invocations(tmp_path)[case]
@@ -111,3 +118,15 @@ def test_standalone_shapes_match_torchrun(tmp_path: Path) -> None:
         assert str(uuid.UUID(run_id)) == run_id
     assert {d["env"]["TORCHELASTIC_RUN_ID"] for d in xlarun.values()} != \
         {d["env"]["TORCHELASTIC_RUN_ID"] for d in torchrun.values()}
+
+
+def test_c10d_at_port_0_shapes_match_torchrun(tmp_path: Path) -> None:
+    """What ``--standalone`` expands to, written out: the store takes a free port on the endpoint's host."""
+    torchrun, xlarun = launch_both(tmp_path, ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                                              "localhost:0", "--rdzv-id", "job5", "--nproc_per_node", "2",
+                                              worker("dump_env.py")], {})
+    assert_same_contract(torchrun, xlarun, also_random=("MASTER_PORT",))
+    for dumps in (torchrun, xlarun):
+        ports = {dump["env"]["MASTER_PORT"] for dump in dumps.values()}
+        assert len(ports) == 1 and 0 < int(ports.pop()) < 65536
+        assert {dump["env"]["TORCHELASTIC_RUN_ID"] for dump in dumps.values()} == {"job5"}

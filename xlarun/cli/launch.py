@@ -22,7 +22,7 @@ from xlarun.console import say
 from xlarun.exceptions import LaunchError, PlanError, UsageError
 from xlarun.flags import flag
 from xlarun.host.holders import busy_device_holders, busy_device_refusal, describe_holder
-from xlarun.host.ports import free_port, taken_here
+from xlarun.host.ports import free_port, is_local_address, taken_here
 from xlarun.planning.device import (
     DevicePlan,
     DeviceRequest,
@@ -86,12 +86,11 @@ def prepare_launch(given: Mapping[str, str | None], script: str | None, script_a
     split = cpu_split_world(device, nproc, config.max_nodes)
     # Told before the start whether the device was given or detected: an XLA program on a detected CPU
     # would otherwise train split without a word. Detected, the job may not use XLA at all (gloo on a
-    # host that happens to have torch_xla), which the line says. A run that fails on the split is told
-    # again after the report.
+    # host that happens to have torch_xla), so the line opens with its condition. A run that fails on
+    # the split is told again after the report.
     if split is not None:
         device_given = request.device == "cpu" or environ.get("PJRT_DEVICE") == "CPU"
-        notices.append(f"warning: {split}" + ("" if device_given else "; a job whose processes do not use XLA (gloo, NCCL) "
-                                              "is not concerned"))
+        notices.append("warning: " + ("" if device_given else "if these processes use XLA: ") + split)
     if omp_threads_default(nproc, environ) is not None:
         notices.append(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
                        "workers per node); set OMP_NUM_THREADS yourself to choose another value")
@@ -171,13 +170,19 @@ def choose_rendezvous(config: LaunchConfig, device: DevicePlan, environ: Mapping
     address list: free ports for one node's workers, every node's address across nodes)."""
     topology = config.topology
     worker_ports = device.plans_slice_addresses
+    host, port = config.store_address()
     if topology is Topology.STANDALONE:
-        return FixedRendezvous(config.rdzv_id, "localhost", free_port(), worker_ports=worker_ports)
+        # The endpoint's host (localhost under --standalone) serves the workers' store: this one must be it.
+        if not is_local_address(host):
+            raise UsageError(f"{flag('rdzv_endpoint')} {config.rdzv_endpoint} has port 0, a free port picked on the "
+                             f"host serving the store, but {host} is not an address of this host: name the port")
+        return FixedRendezvous(config.rdzv_id, host, free_port(host), worker_ports=worker_ports)
     if topology is Topology.LONE_NODE:
-        if taken_here(config.master_addr, config.master_port):
-            raise UsageError(f"master port {config.master_port} on {config.master_addr} is already in use: pick "
-                             f"another with {flag('master_port')} PORT, or use {flag('standalone')} for a free one")
-        return FixedRendezvous(config.rdzv_id, config.master_addr, config.master_port, worker_ports=worker_ports)
+        if taken_here(host, port):
+            where = f"{flag('rdzv_endpoint')} HOST:PORT" if config.rdzv_endpoint else f"{flag('master_port')} PORT"
+            raise UsageError(f"master port {port} on {host} is already in use: pick another with {where}, "
+                             f"or use {flag('standalone')} for a free one")
+        return FixedRendezvous(config.rdzv_id, host, port, worker_ports=worker_ports)
     if installed_version("torch") is None:
         # A single node needs no torch in the launcher; nodes meet through torch.distributed's TCPStore.
         how = "several nodes meet" if config.max_nodes > 1 else f"{flag('rdzv_backend')}=c10d meets"

@@ -12,7 +12,7 @@ import uuid
 from collections.abc import Callable, Mapping
 
 from xlarun.cli.options import OptionValues
-from xlarun.config import TORCH_FALSE_WORDS, TORCH_TRUE_WORDS, LaunchConfig, WorkerCommand
+from xlarun.config import TORCH_FALSE_WORDS, TORCH_TRUE_WORDS, LaunchConfig, WorkerCommand, endpoint_parts
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
 from xlarun.planning.packages import LONE_NODE_ON_A_FREE_PORT, Release
@@ -107,6 +107,31 @@ def check_rdzv_conf(backend: str, conf: Mapping[str, str], several_nodes: bool) 
                 read_seconds(key, conf[key])
 
 
+def check_store_port(values: OptionValues, config: LaunchConfig) -> None:
+    """Refuse a store port that no launcher but its server could find.
+
+    torchrun's static rendezvous reads the store's port from the endpoint, and refuses one that
+    names none ("port is missing in endpoint"). A store at port 0 takes a free port when served,
+    which only the launcher serving it learns: torchrun's nodes each serve one of their own and
+    wait out the join timeout. On one node serving it, the port is picked at start, as
+    ``--standalone`` does.
+    """
+    if config.rdzv_backend == "static" and config.rdzv_endpoint and endpoint_parts(config.rdzv_endpoint)[1] is None:
+        raise values.refuse("rdzv_endpoint", f"names no port: the static rendezvous serves its store at the "
+                                             f"endpoint's port; give HOST:PORT, or {flag('master_addr')} and "
+                                             f"{flag('master_port')} instead")
+    if config.standalone or config.store_address()[1] != 0:
+        return
+    given = "rdzv_endpoint" if config.rdzv_endpoint else "master_port"
+    if config.max_nodes > 1:
+        raise values.refuse(given, f"has port 0: the node serving the store picks a free port at start, which "
+                                   f"the other nodes of {values.stated('nnodes')} cannot know; name the port")
+    if config.rdzv_backend == "c10d" and config.rdzv_conf.get("is_host", "").lower() in TORCH_FALSE_WORDS:
+        raise values.refuse(given, f"has port 0: the launcher serving the store picks a free port at start, and "
+                                   f"{flag('rdzv_conf')} is_host={config.rdzv_conf['is_host']} says this one "
+                                   "does not serve it; name the port, or let this launcher serve it")
+
+
 def lone_node_on_a_free_port(values: OptionValues, torchrun: Release) -> bool:
     """torchrun 2.12's rule: a lone static node given neither a master port nor an endpoint runs as
     ``--standalone`` does (:data:`~xlarun.planning.packages.LONE_NODE_ON_A_FREE_PORT`)."""
@@ -151,7 +176,7 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
             raise UsageError(f"{values.stated('nnodes')}: a range needs {flag('rdzv_backend')}=c10d; "
                              "static rendezvous takes a fixed node count")
 
-    return LaunchConfig(
+    config = LaunchConfig(
         command=command,
         nproc_per_node=nproc_per_node,
         min_nodes=min_nodes,
@@ -172,3 +197,5 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
         duplicate_stderr_filters=values["duplicate_stderr_filters"] or (),
         **{name: values[name] for name in _TAKEN_AS_PARSED},
     )
+    check_store_port(values, config)
+    return config

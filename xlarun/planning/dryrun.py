@@ -44,7 +44,8 @@ class NodePlan:
     value (a c10d node rank, a port the kernel picks), ``node`` holds a stand-in and
     ``alternative`` another stand-in: every value that differs between the two is decided
     at rendezvous, and the plan marks it so instead of showing a guess. ``endpoint`` is where
-    the node meets the others (``""`` where it meets none); ``assumed`` says what the plan
+    the node meets the others, or a lone static node's ``--rdzv-endpoint``, its workers' store
+    (``""`` where there is neither); ``assumed`` says what the plan
     takes for granted about the other nodes.
     """
 
@@ -69,12 +70,10 @@ def probe_node(config: LaunchConfig, device: DevicePlan) -> NodeAssignment:
     0's agent picks at the rendezvous) is planned as a stand-in: the device rules only need
     some port to derive the coordinator's from.
     """
-    topology = config.topology
-    if topology in (Topology.STANDALONE, Topology.C10D):
-        master_port = stand_in_ports(device)[0]
-    else:
-        master_port = config.store_address()[1] if topology is Topology.STATIC else config.master_port
-    node = NodeAssignment.single_node(config.rdzv_id, config.nproc_per_node, config.master_addr, master_port,
+    master_addr, master_port = config.store_address()
+    if config.topology in (Topology.STANDALONE, Topology.C10D):
+        master_addr, master_port = config.master_addr, stand_in_ports(device)[0]
+    node = NodeAssignment.single_node(config.rdzv_id, config.nproc_per_node, master_addr, master_port,
                                       node_rank=min(config.node_rank, config.max_nodes - 1),
                                       nnodes=config.max_nodes)
     return with_slice_stand_ins(node, config, device)
@@ -138,10 +137,15 @@ def plan_node_placement(config: LaunchConfig, device: DevicePlan) -> NodePlan:
     port, other_port = stand_in_ports(device)
     topology = config.topology
     if topology is Topology.STANDALONE:
-        node = NodeAssignment.single_node(config.rdzv_id, nproc, "localhost", port)
-        return NodePlan(node, dataclasses.replace(node, master_port=other_port, run_id=f"{node.run_id}-other"))
+        # On the endpoint's host (localhost under --standalone), whose port is picked at start; so is
+        # --standalone's run id.
+        node = NodeAssignment.single_node(config.rdzv_id, nproc, config.store_address()[0], port)
+        run_id = f"{node.run_id}-other" if config.standalone else node.run_id
+        return NodePlan(node, dataclasses.replace(node, master_port=other_port, run_id=run_id))
     if topology is Topology.LONE_NODE:
-        return NodePlan(NodeAssignment.single_node(config.rdzv_id, nproc, config.master_addr, config.master_port))
+        host, store_port = config.store_address()
+        return NodePlan(NodeAssignment.single_node(config.rdzv_id, nproc, host, store_port),
+                        endpoint=host_port(host, store_port) if config.rdzv_endpoint else "")
     if topology is Topology.STATIC:
         # Node 0's agent serves the job's store, at the endpoint when one is given; the workers'
         # first attempt uses it as torchrun's agent store.
