@@ -300,8 +300,8 @@ OPTIONS: tuple[Option, ...] = (
               "--master-port. c10d: node ranks are assigned at --rdzv-endpoint. etcd is refused.",
               choice(RDZV_BACKENDS), "static", one_of(RDZV_BACKENDS), metavar="static|c10d"),
     _torchrun(("--rdzv-endpoint", "--rdzv_endpoint"),
-              f"The c10d store, IPv6 as [addr]:port; the port defaults to {DEFAULT_C10D_PORT}. With static and "
-              "several nodes it replaces --master-addr and --master-port.", parse_endpoint, "",
+              f"The c10d store, IPv6 as [addr]:port; the port defaults to {DEFAULT_C10D_PORT}, 0 picks a free one "
+              "on a single node. With static it replaces --master-addr and --master-port, and names its port.", parse_endpoint, "",
               "expected host[:port], IPv6 as [addr]:port", metavar="HOST[:PORT]",
               shown_default=f"MASTER_ADDR:{DEFAULT_C10D_PORT} under c10d"),
     _torchrun(("--rdzv-id", "--rdzv_id"), "Job id, the same on every node; workers get it as TORCHELASTIC_RUN_ID.",
