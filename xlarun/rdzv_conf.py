@@ -88,13 +88,14 @@ def seconds_keys(backend: str) -> tuple[str, ...]:
     return tuple(setting.key for setting in SETTINGS if setting.seconds is not None and backend in setting.backends)
 
 
-def read_seconds(key: str, text: str) -> float:
-    """The seconds ``--rdzv-conf key=text`` gives; a UsageError naming the key where :data:`SECONDS` refuses them."""
+def read_seconds(key: str, text: str, source: str = flag("rdzv_conf")) -> float:
+    """The seconds ``--rdzv-conf key=text`` gives; a UsageError naming the key and ``source`` (the flag, or
+    the flag and the variable that stood in for it) where :data:`SECONDS` refuses them."""
     try:
         return SECONDS(text)
     except InvalidValue as refusal:
         detail = f" ({refusal})" if str(refusal) else ""
-        raise UsageError(f"{flag('rdzv_conf')} {key}={text!r} is invalid{detail}: {SECONDS.allowed}") from None
+        raise UsageError(f"{source} {key}={text!r} is invalid{detail}: {SECONDS.allowed}") from None
 
 
 def help_text() -> str:

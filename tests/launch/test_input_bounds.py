@@ -74,6 +74,14 @@ def test_a_c10d_keys_seconds_out_of_bounds_are_refused(tmp_path: Path, key: str,
     assert_refused(tmp_path, *c10d, "--rdzv-conf", f"{key}={value}", names=f"--rdzv-conf {key}={value!r}")
 
 
+@pytest.mark.parametrize("value", ["read_timeout=inf", "join_timeout=99999999"])
+def test_rdzv_conf_from_its_variable_is_refused_naming_the_variable(tmp_path: Path, value: str) -> None:
+    c10d = ("--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}")
+    key, _, seconds = value.partition("=")
+    assert_refused(tmp_path, *c10d, env={"PET_RDZV_CONF": value},
+                   names=f"--rdzv-conf (from PET_RDZV_CONF) {key}={seconds!r} is invalid")
+
+
 @pytest.mark.parametrize("key, value", cases(dict.fromkeys(STATIC_KEYS, False)))
 def test_a_static_keys_seconds_out_of_bounds_are_refused(tmp_path: Path, key: str, value: str) -> None:
     # Node 0 of two, alone: the rendezvous would wait for node 1 up to the join timeout.

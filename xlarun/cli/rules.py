@@ -93,18 +93,20 @@ def require_script(script: str | None) -> str:
     return script
 
 
-def check_rdzv_conf(backend: str, conf: Mapping[str, str], several_nodes: bool) -> None:
+def check_rdzv_conf(values: OptionValues, backend: str, several_nodes: bool) -> None:
     """Refuse a value the chosen backend would refuse, as torchrun would, and a number of seconds out of
     bounds (:func:`xlarun.rdzv_conf.read_seconds`) where xlarun's rendezvous reads it: under c10d, and
-    under static with several nodes. Other keys pass unread."""
+    under static with several nodes. Other keys pass unread. A refusal names where the keys came from
+    (``--rdzv-conf``, or ``--rdzv-conf (from PET_RDZV_CONF)``)."""
+    conf, source = values["rdzv_conf"], values.source("rdzv_conf")
     for key, (accepts, expected) in RDZV_CONF_READ[backend].items():
         if key in conf and not accepts(conf[key]):
-            raise UsageError(f"{flag('rdzv_conf')} {key}={conf[key]!r} is invalid: the {backend} rendezvous "
-                             f"reads it as {expected}")
+            raise UsageError(f"{source} {key}={conf[key]!r} is invalid: the {backend} rendezvous reads it as "
+                             f"{expected}")
     if backend == "c10d" or several_nodes:
         for key in seconds_keys(backend):
             if key in conf:
-                read_seconds(key, conf[key])
+                read_seconds(key, conf[key], source)
 
 
 def check_store_port(values: OptionValues, config: LaunchConfig) -> None:
@@ -165,7 +167,7 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
     check_run_id(values, rdzv_id)
     if rdzv_backend in ("etcd", "etcd-v2"):
         raise UsageError(f"{flag('rdzv_backend')}={rdzv_backend} is not supported by xlarun: use static or c10d")
-    check_rdzv_conf(rdzv_backend, values["rdzv_conf"], max_nodes > 1)
+    check_rdzv_conf(values, rdzv_backend, max_nodes > 1)
     check_visible_devices(values, environ, nproc_per_node)
     node_rank = values["node_rank"]
     if rdzv_backend == "static":
