@@ -23,7 +23,9 @@ With ``hang_timeout`` the loop also watches for a hang (:mod:`xlarun.supervision
 it relays counts as progress, and once the timeout passes in silence it reads the workers' CPU
 time. A hung group is told of first (``on_hang``, so that the other nodes take their stacks
 too), then every running worker's stacks are taken (:func:`~xlarun.supervision.stacks.snapshot`) and handed
-on (``on_stacks``), then the group is torn down as for a failure. Another node's hang reaches it
+on (``on_stacks``), then the group is torn down as for a failure. The stacks are taken on a thread
+(:class:`~xlarun.supervision.stacks.StackTaking`) whose progress reaches the loop as events, so that
+nothing slow runs on the loop: a signal or an exit meanwhile is handled at once. Another node's hang reaches it
 as ``request_stop(reason, hung=True)``. Each reaped worker's peak memory and CPU time come from
 the kernel's rusage, and a SIGKILL the kernel's evidence lays at the OOM killer's door is named so
 (:mod:`xlarun.host.oom`).
@@ -31,7 +33,8 @@ the kernel's rusage, and a SIGKILL the kernel's evidence lays at the OOM killer'
 Worker output reaches the console through writers that never block the loop
 (:mod:`xlarun.console`); while a console is too far behind, the pipes that feed it are left
 unread (:class:`~xlarun.supervision.relay.PipeReaders`), so the workers wait in their writes and
-exits, signals and stops are still seen at once.
+exits, signals and stops are still seen at once. That wait is not silence to the hang watch; once
+it lasted a hang timeout, one line says the console stalls.
 
 The loop keeps one :class:`Worker` per worker: its spec, its process (and so its process
 group), the pidfd it waits on, its pipes and relays, and its result. Processes come from a
@@ -63,6 +66,7 @@ from xlarun.supervision.signals import RELAYED_SIGNALS, SUSPEND_SIGNAL, SignalIn
 if TYPE_CHECKING:
     # Loaded when a run watches for hangs (hangs) or takes stacks (stacks), not by every launch.
     from xlarun.supervision.hangs import HangWatch
+    from xlarun.supervision.stacks import StackTaking
 
 
 @dataclass
@@ -100,6 +104,17 @@ class Hang:
     """The dump file of each rank whose stacks were taken."""
     found_here: bool
     """This node found the hang; otherwise another node said so."""
+
+
+@dataclass
+class HangInProgress:
+    """A hang found here or by another node, whose stacks are being taken before its teardown."""
+
+    reason: str
+    found_here: bool
+    taking: StackTaking
+    hang: Hang | None = None
+    """Set once the Python stacks are taken and handed on."""
 
 
 @dataclass
@@ -257,6 +272,8 @@ class WorkerGroup:
         """None until the teardown begins."""
         self._oom_witness: OomWitness | None = None
         self._said_console_stalled = False
+        self._hang_in_progress: HangInProgress | None = None
+        """A hang whose stacks are being taken, before its teardown."""
 
     def request_stop(self, reason: str, hung: bool = False) -> None:
         """Ask the loop to tear the group down (safe from any thread, e.g. a rendezvous watcher;
@@ -334,7 +351,7 @@ class WorkerGroup:
         while any(worker.still_waited_on for worker in self._workers):
             for key, _ in self._selector.select(bounded_wait(self._wait_time())):
                 key.data()
-            watch = self._hang_watch if self._stopping is None else None
+            watch = self._hang_watch if self._stopping is None and self._hang_in_progress is None else None
             if watch is not None and watch.seconds_left() == 0:
                 if held := self._readers.held_back():
                     self._console_stalled(watch, held)
@@ -351,7 +368,9 @@ class WorkerGroup:
         """How long the loop may wait for an event: until the kill deadline or the next hang check."""
         if self._stopping is not None:
             return self._stopping.seconds_left(time.monotonic())
-        return None if self._hang_watch is None else self._hang_watch.seconds_left()
+        if self._hang_watch is None or self._hang_in_progress is not None:
+            return None
+        return self._hang_watch.seconds_left()
 
     def _live(self) -> list[Worker]:
         return [worker for worker in self._workers if worker.result.returncode is None]
@@ -384,23 +403,40 @@ class WorkerGroup:
 
     def _stacks_then_stop(self, reason: str, found_here: bool) -> None:
         """The attempt is hung: tell the other nodes (when found here), take every running worker's
-        stacks, then tear the group down as for a failure."""
-        from xlarun.supervision.stacks import StackTarget, add_native_stacks, snapshot
+        stacks, then tear the group down as for a failure. The stacks are taken on a thread of their
+        own (:class:`~xlarun.supervision.stacks.StackTaking`), whose progress comes back as events:
+        meanwhile a signal, an exit or a stop request is handled at once, and tears the group down
+        without waiting for the stacks."""
+        from xlarun.supervision.stacks import StackTaking, StackTarget
 
-        if self._stopping is not None:
+        if self._stopping is not None or self._hang_in_progress is not None:
             return
         if found_here and self._on_hang is not None:
             self._on_hang(reason)  # first, so that the other nodes take their stacks while every rank still waits
-        live = self._live()
-        targets = [StackTarget(worker.result.rank, worker.pgid, worker.spec.logs.stacks_file) for worker in live]
-        taken = snapshot(targets)
-        for worker in live:
-            worker.result.position = taken.positions[worker.result.rank]
-        hang = Hang(reason, taken.positions, taken.stacks_files, found_here)
-        if self._on_stacks is not None:
-            self._on_stacks(hang)  # before the teardown, which can take the grace period
-        add_native_stacks(targets)  # after the Python stacks, which they may take long to follow
-        self._begin_stop(Stopping(hang, self._grace_end(), reason))
+        targets = [StackTarget(worker.result.rank, worker.pgid, worker.spec.logs.stacks_file) for worker in self._live()]
+        taking = StackTaking(targets)
+        self._hang_in_progress = HangInProgress(reason, found_here, taking)
+        self._selector.register(taking.fd, selectors.EVENT_READ, self._on_stacks_taken)
+
+    def _on_stacks_taken(self) -> None:
+        """The Python stacks are taken (handed on before the teardown, which can take the grace period),
+        then py-spy's native frames follow them into the files (the teardown waits for those)."""
+        progress = self._hang_in_progress
+        assert progress is not None
+        progress.taking.read_events()
+        taken = progress.taking.taken
+        if progress.hang is None and taken is not None and self._stopping is None:
+            for worker in self._workers:
+                worker.result.position = taken.positions.get(worker.result.rank, worker.result.position)
+            progress.hang = Hang(progress.reason, taken.positions, taken.stacks_files, progress.found_here)
+            if self._on_stacks is not None:
+                self._on_stacks(progress.hang)
+        if progress.taking.done:
+            self._selector.unregister(progress.taking.fd)
+            if self._stopping is None:
+                # No hang without its teardown, even where taking the stacks failed.
+                hang = progress.hang or Hang(progress.reason, {}, {}, progress.found_here)
+                self._begin_stop(Stopping(hang, self._grace_end(), progress.reason))
 
     def _on_worker_exit(self, worker: Worker) -> None:
         assert worker.pidfd is not None
@@ -509,8 +545,9 @@ class WorkerGroup:
         if not requests:
             return
         hung = next((request.reason for request in requests if request.hung), None)
-        if hung is not None:
+        if hung is not None and self._stopping is None:
             self._stacks_then_stop(hung, found_here=False)
+            return  # the teardown follows the stacks
         reason = requests[0].reason if requests[0].reason.strip() else "stop requested"
         if self._stopping is None:
             self._begin_stop(Stopping(Cause.REQUESTED, self._grace_end(), reason))
@@ -524,6 +561,8 @@ class WorkerGroup:
             self._guard.prune()
 
     def _close(self) -> None:
+        if self._hang_in_progress is not None:
+            self._hang_in_progress.taking.cancel()  # stacks no longer wanted: the workers are gone
         for key in list(self._selector.get_map().values()):
             if hasattr(key.fileobj, "close"):
                 key.fileobj.close()

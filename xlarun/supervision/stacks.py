@@ -19,12 +19,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import stat
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from typing import IO
 
 from xlarun.contract import ERROR_FILE_VARIABLE, STACKS_DESCRIPTOR, STACKS_SIGNAL, STACKS_VARIABLE, stacks_file
 from xlarun.host.procfs import process_owner, process_stats, started_environ
@@ -76,10 +80,12 @@ def _dump_file_held(target: StackTarget, found: os.stat_result) -> bool:
     return stat.S_ISREG(found.st_mode) and (held.st_dev, held.st_ino) == (found.st_dev, found.st_ino)
 
 
-def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT) -> dict[int, str]:
+def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT,
+                cancel: threading.Event | None = None) -> dict[int, str]:
     """Ask every armed target for its stacks at once and read each dump back, by rank.
 
-    A target that is not armed, has gone, or wrote nothing within ``wait`` seconds is left out.
+    A target that is not armed, has gone, or wrote nothing within ``wait`` seconds (or before
+    ``cancel`` was set) is left out.
     """
     pending: list[_Dump] = []
     for target in targets:
@@ -93,7 +99,7 @@ def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT) -> dict
         pending.append(dump)
     dumps: dict[int, str] = {}
     deadline = time.monotonic() + wait
-    while pending and time.monotonic() < deadline:
+    while pending and time.monotonic() < deadline and not (cancel is not None and cancel.is_set()):
         time.sleep(0.01)
         for dump in list(pending):
             if dump.settled():
@@ -130,26 +136,42 @@ def py_spy() -> str | None:
     return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
 
 
-def native_stacks(pids: Iterable[int], wait: float = NATIVE_WAIT) -> dict[int, str]:
+def native_stacks(pids: Iterable[int], wait: float = NATIVE_WAIT,
+                  cancel: threading.Event | None = None) -> dict[int, str]:
     """``py-spy dump --native`` of each process, by pid, all at once: the frames inside C and C++
     (gloo, NCCL, libtpu) that faulthandler cannot see. Empty where py-spy is not installed; a process
-    py-spy may not trace (no ptrace rights) gets py-spy's own line saying why."""
+    py-spy may not trace (no ptrace rights) gets py-spy's own line saying why.
+
+    Each py-spy writes to a file of its own, in a session of its own: once it ended, or outlived
+    ``wait`` (or ``cancel``), its session is killed with whatever it left there, and what it wrote
+    is read without waiting for a pipe's end, which a child it left behind could hold open for good."""
     program = py_spy()
     if program is None:
         return {}
-    running = {pid: subprocess.Popen([program, "dump", "--native", "--pid", str(pid)], stdin=subprocess.DEVNULL,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-               for pid in pids}
+    cancel = cancel or threading.Event()
+    running: dict[int, tuple[subprocess.Popen[bytes], IO[bytes]]] = {}
+    for pid in pids:
+        output: IO[bytes] = tempfile.TemporaryFile()
+        running[pid] = (subprocess.Popen([program, "dump", "--native", "--pid", str(pid)], stdin=subprocess.DEVNULL,
+                                         stdout=output, stderr=subprocess.STDOUT, start_new_session=True), output)
     deadline = time.monotonic() + wait
     found: dict[int, str] = {}
-    for pid, process in running.items():
+    for pid, (process, output) in running.items():
+        while process.poll() is None and time.monotonic() < deadline and not cancel.is_set():
+            cancel.wait(min(0.05, max(0.0, deadline - time.monotonic())))
+        late = process.poll() is None
         try:
-            output, _ = process.communicate(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            process.kill()
-            output, _ = process.communicate()
-            output += f"\n(py-spy gave no dump within {wait:g} s)".encode()
-        found[pid] = output.decode(errors="replace").strip()
+            # py-spy, if late, and anything it left behind: the group's number stays taken while it has members.
+            os.killpg(process.pid, signal.SIGKILL)
+        except OSError:
+            pass  # nothing is left of it
+        process.wait()
+        with output:
+            output.seek(0)
+            text = output.read(MAX_DUMP_BYTES).decode(errors="replace").strip()
+        if late:
+            text += f"\n(py-spy gave no dump within {wait:g} s)"
+        found[pid] = text
     return found
 
 
@@ -172,21 +194,65 @@ class Snapshot:
     """The dump file of each rank whose dump came."""
 
 
-def snapshot(targets: list[StackTarget]) -> Snapshot:
+def snapshot(targets: list[StackTarget], cancel: threading.Event | None = None) -> Snapshot:
     """Every target's Python stacks, taken at once and summed up, in the targets' order."""
-    dumps = dump_stacks(targets)
+    dumps = dump_stacks(targets, cancel=cancel)
     return Snapshot({target.rank: where(dumps[target.rank]) if target.rank in dumps else UNKNOWN
                      for target in targets},
                     {target.rank: target.path for target in targets if target.rank in dumps})
 
 
-def add_native_stacks(targets: list[StackTarget]) -> None:
+def add_native_stacks(targets: list[StackTarget], cancel: threading.Event | None = None) -> None:
     """py-spy's native frames after the Python ones in each target's dump file, where py-spy is
-    installed (:func:`native_stacks`)."""
-    natives = native_stacks(target.pid for target in targets)
+    installed (:func:`native_stacks`); nothing once ``cancel`` is set."""
+    natives = native_stacks((target.pid for target in targets), cancel=cancel)
     for target in targets:
-        if target.pid in natives:
+        if target.pid in natives and not (cancel is not None and cancel.is_set()):
             append_native(target.path, natives[target.pid])
+
+
+class StackTaking:
+    """A hung group's stacks, taken on a thread of its own, so that the event loop goes on seeing
+    signals, exits and stop requests meanwhile (a dump may take :data:`DUMP_WAIT` seconds, py-spy
+    :data:`NATIVE_WAIT`).
+
+    First every target's Python stacks (:func:`snapshot`), then py-spy's native frames after them
+    (:func:`add_native_stacks`). :attr:`fd` turns readable as each part is done: :attr:`taken` is set
+    after the first, :attr:`done` after the second. :meth:`cancel` ends what still runs at once: py-spy
+    is killed with its children, and nothing more is written.
+    """
+
+    def __init__(self, targets: list[StackTarget]):
+        self.targets = targets
+        self.taken: Snapshot | None = None
+        self.done = False
+        self.fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._cancel = threading.Event()
+        self._thread = threading.Thread(target=self._take, name="xlarun-stacks", daemon=True)
+        self._thread.start()
+
+    def _take(self) -> None:
+        try:
+            self.taken = snapshot(self.targets, self._cancel)
+            os.write(self._write_fd, b"p")
+            add_native_stacks(self.targets, self._cancel)
+        finally:
+            self.done = True
+            os.write(self._write_fd, b"n")
+
+    def read_events(self) -> None:
+        """Empty :attr:`fd`; :attr:`taken` and :attr:`done` say what happened."""
+        try:
+            os.read(self.fd, 16)
+        except BlockingIOError:
+            pass
+
+    def cancel(self) -> None:
+        """Stop taking stacks and wait for the thread, which then ends at once; close the descriptors."""
+        self._cancel.set()
+        self._thread.join()
+        os.close(self.fd)
+        os.close(self._write_fd)
 
 
 def _size(path: str) -> int:
