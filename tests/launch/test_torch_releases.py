@@ -19,7 +19,7 @@ from pathlib import Path
 
 import click
 import pytest
-from helpers import PYTHON, REPO, XLARUN, clean_env, plan, run_command, worker
+from helpers import PYTHON, REPO, XLARUN, clean_env, free_port, plan, run_command, worker
 
 from xlarun.config import DEFAULT_MASTER_PORT
 from xlarun.planning.packages import LONE_NODE_ON_A_FREE_PORT, followed_torchrun
@@ -95,7 +95,7 @@ def test_a_click_only_install_runs_one_node_and_refuses_several(tmp_path: Path,
                          str(tmp_path / "alone")], env=env)
     assert alone.returncode == 0, alone.stderr
     assert (tmp_path / "alone").exists()
-    several = run_command([python, "-m", "xlarun", "--nnodes", "2", "--master_port", "0", worker("marker.py"),
+    several = run_command([python, "-m", "xlarun", "--nnodes", "2", "--master_port", str(free_port()), worker("marker.py"),
                            str(tmp_path / "several")], env=env)
     assert several.returncode == 2
     assert several.stderr.splitlines() == ["xlarun: error: several nodes meet through torch.distributed, which is "
