@@ -197,3 +197,43 @@ def test_neuron_cores_per_node_list_is_refused_past_linuxs_limit() -> None:
 ])
 def test_an_empty_master_address_is_refused(argv: list[str], env: dict[str, str], source: str) -> None:
     assert refusal(*argv, "t.py", env=env) == f"{source} is invalid (empty): expected a host name or address"
+
+
+# --- TorchNeuron's torch pairing: the requirement in torch-neuronx's own metadata ---------------------------
+
+@pytest.mark.parametrize("metadata, requirement", [
+    ("Requires-Dist: torch==2.13.*\n", "==2.13.*"),
+    ("Requires-Dist: torch (==2.14.*)\n", "==2.14.*"),                  # the older parenthesised form
+    ("Requires-Dist: torch >=2.13, <2.15 ; python_version >= '3.10'\n", ">=2.13,<2.15"),
+    ("Requires-Dist: torch-xla==2.9.*\nRequires-Dist: torch[opt]==2.9.*\n", "==2.9.*"),
+    ("Requires-Dist: torch==2.13.*; extra == 'dev'\n", None),           # an extra's requirement is optional
+    ("Requires-Dist: numpy\n\nRequires-Dist: torch==9.9.*\n", None),      # the description is not metadata
+])
+def test_the_torch_requirement_is_read_from_the_installed_metadata(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metadata: str, requirement: str | None) -> None:
+    folder = tmp_path / "torch_neuronx-2.13.3.0.dist-info"
+    folder.mkdir()
+    (folder / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch-neuronx\n{metadata}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert packages.installed_torch_requirement("torch-neuronx") == requirement
+
+
+@pytest.mark.parametrize("version, specifier, meets", [
+    ("2.13.1+cpu", "==2.13.*", True), ("2.9.0", "==2.13.*", False), ("2.13.0a0+git1", "==2.13.*", True),
+    ("2.14.1", ">=2.13,<2.15", True), ("2.15.0", ">=2.13,<2.15", False), ("2.14.3", "~=2.14.0", True),
+    ("2.15.0", "~=2.14.0", False), ("2.13", "==2.13.0", True), ("2.13.2", "!=2.13.*", False),
+])
+def test_a_version_meets_a_requirement_clause_by_clause(version: str, specifier: str, meets: bool) -> None:
+    assert packages.satisfies(version, specifier) is meets
+
+
+@pytest.mark.parametrize("torch, refused", [("2.9.0", True), ("2.13.1", False), (None, True)])
+def test_torchneuron_pairs_with_the_torch_its_package_requires(torch: str | None, refused: bool) -> None:
+    lookup = {"torch_neuronx": "2.13.3.0", "torch-neuronx": "2.13.3.0", "torch": torch}.get
+    check = lambda: packages.preflight("neuron", "torchneuron", version_of=lookup,  # noqa: E731
+                                       torch_requirement_of={"torch-neuronx": "==2.13.*"}.get)
+    if refused:
+        with pytest.raises(UsageError, match=r"^torch-neuronx 2\.13\.3\.0 needs torch==2\.13\.\* \(its requirement\)"):
+            check()
+    else:
+        check()

@@ -385,7 +385,7 @@ def test_preflight_takes_a_libtpu_from_tpu_library_path_or_a_bundling_build():
     ("cpu", "pjrt", {"torch": "2.9.0"}, {"spmd": True}, "needs torch_xla"),
     ("cpu", "pjrt", {"torch": "2.9.0"}, {"virtual_devices": 4}, "needs torch_xla"),
     ("tpu", "pjrt", {"torch": "2.8.0", "torch_xla": "2.9.0"}, {}, "torch_xla 2.9.0 needs torch 2.9.x"),
-    ("tpu", "pjrt", {"torch_xla": "2.9.0"}, {}, "needs torch 2.9, which is not installed"),
+    ("tpu", "pjrt", {"torch_xla": "2.9.0"}, {}, "needs torch 2.9.x, which is not installed"),
     ("cuda", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "no CUDA support"),
     ("cuda", "pjrt", {"torch": "2.1.2", "torch_xla": "2.1.0"}, {}, "needs torch_xla 2.2 to 2.8"),
     ("cuda", "xrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "2.1 removed XRT"),

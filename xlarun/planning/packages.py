@@ -9,6 +9,7 @@ callers (and tests) can plan for packages this Python does not have.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Callable, Mapping
 
 from xlarun.exceptions import PlanError
@@ -19,6 +20,7 @@ from xlarun.runtimes.releases import (
     TPU_GENERATION_FIRST_RELEASE,
     XPU_FIRST_RELEASE,
     Release,
+    installed_dist_info,
     installed_version,
     major_minor,
 )
@@ -31,6 +33,10 @@ legacy PyTorch/XLA library, which needs torch_xla: without torch_xla it is the n
 
 VersionLookup = Callable[[str], str | None]
 """Maps a distribution name to its installed version string, or None when absent."""
+
+TorchRequirementLookup = Callable[[str], str | None]
+"""Maps a distribution name to the torch versions its metadata requires (a specifier such as ``==2.13.*``),
+or None where it names none."""
 
 FIRST_WITH_CUDA_NAME = (2, 2)
 FIRST_WITHOUT_CUDA = (2, 9)
@@ -77,9 +83,82 @@ def _version_text(version: tuple[int, int]) -> str:
     return f"{version[0]}.{version[1]}"
 
 
+_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?$")
+"""A ``Requires-Dist`` value: the name, any extras, the specifier (bare or in parentheses), any marker."""
+
+
+def installed_torch_requirement(distribution: str) -> str | None:
+    """The torch versions the installed ``distribution`` requires, from its dist-info ``METADATA``
+    (``Requires-Dist: torch==2.13.*`` gives ``==2.13.*``); None where it names torch nowhere outside an extra."""
+    found = installed_dist_info(distribution)
+    if found is None:
+        return None
+    try:
+        with open(os.path.join(found[0], "METADATA"), encoding="utf-8") as metadata:
+            headers = metadata.read().split("\n\n", 1)[0]  # the description follows the first blank line
+    except (OSError, UnicodeDecodeError):
+        return None
+    for line in headers.splitlines():
+        key, _, value = line.partition(":")
+        match = _REQUIREMENT.match(value) if key.strip().lower() == "requires-dist" else None
+        if match and match.group(1).lower() == "torch" and "extra" not in (match.group(3) or ""):
+            return match.group(2).replace(" ", "") or None
+    return None
+
+
+_CLAUSE = re.compile(r"^(~=|===|==|!=|<=|>=|<|>)(.+)$")
+
+
+def satisfies(version: str, specifier: str) -> bool:
+    """Whether ``version`` meets every comma-separated clause of a PEP 440 ``specifier`` (``==2.13.*``,
+    ``>=2.13,<2.15``, ``~=2.14.0``), comparing release numbers; a local label (``+cpu``) never counts."""
+    release = _release(version)
+    for clause in filter(None, specifier.split(",")):
+        match = _CLAUSE.match(clause.strip())
+        if match is None:
+            raise PlanError(f"cannot read the version requirement {specifier!r}")
+        operator, target = match.groups()
+        if target.endswith(".*") and operator in ("==", "!="):
+            prefix = _release(target[:-2])
+            if (release[: len(prefix)] == prefix) != (operator == "=="):
+                return False
+            continue
+        wanted = _release(target)
+        width = max(len(release), len(wanted))
+        have, want = release + (0,) * (width - len(release)), wanted + (0,) * (width - len(wanted))
+        meets = {"==": have == want, "===": have == want, "!=": have != want, "<=": have <= want,
+                 ">=": have >= want, "<": have < want, ">": have > want,
+                 "~=": have >= want and release[: len(wanted) - 1] == wanted[:-1]}[operator]
+        if not meets:
+            return False
+    return True
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The release numbers a version string opens with (``2.13.0a0+git1`` gives ``(2, 13, 0)``)."""
+    numbers = re.match(r"^\s*v?(\d+(?:\.\d+)*)", version)
+    if numbers is None:
+        raise PlanError(f"cannot read a version number from {version!r}: expected X.Y[.Z...]")
+    return tuple(int(part) for part in numbers.group(1).split("."))
+
+
+def require_torch(package: str, wanted: str, pairs: Callable[[str], bool], version_of: VersionLookup) -> None:
+    """Refuse a torch that ``package`` (its name and version, in words) does not pair with.
+
+    ``wanted`` says in words which torch it needs; ``pairs`` tells whether an installed torch version is one.
+    """
+    torch_version = version_of("torch")
+    if torch_version is None:
+        raise PlanError(f"{package} needs {wanted}, which is not installed in this Python")
+    if not pairs(torch_version):
+        raise PlanError(f"{package} needs {wanted}, but torch {torch_version} is installed: "
+                        "install matching releases")
+
+
 def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices: int | None = None,
               tpu_library_path: str | None = None, tpu_generation: int | None = None,
-              version_of: VersionLookup = installed_version) -> None:
+              version_of: VersionLookup = installed_version,
+              torch_requirement_of: TorchRequirementLookup = installed_torch_requirement) -> None:
     """Refuse, before anything starts, a plan the installed packages cannot run.
 
     ``device`` and ``runtime`` are already resolved, and :class:`xlarun.runtimes.XlaOptions`
@@ -89,7 +168,7 @@ def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices:
     what would work.
     """
     if runtime in NATIVE_RUNTIMES:
-        preflight_native(runtime, tpu_library_path, version_of)
+        preflight_native(runtime, tpu_library_path, version_of, torch_requirement_of)
         return
     torch_xla_version = version_of("torch_xla")
     if torch_xla_version is None:
@@ -99,13 +178,8 @@ def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices:
         return
     xla = major_minor(torch_xla_version)
 
-    torch_version = version_of("torch")
-    if torch_version is None:
-        raise PlanError(f"torch_xla {torch_xla_version} needs torch {_version_text(xla)}, "
-                         "which is not installed in this Python")
-    if major_minor(torch_version) != xla:
-        raise PlanError(f"torch_xla {torch_xla_version} needs torch {_version_text(xla)}.x, "
-                         f"but torch {torch_version} is installed: install matching releases")
+    require_torch(f"torch_xla {torch_xla_version}", f"torch {_version_text(xla)}.x",
+                  lambda torch_version: major_minor(torch_version) == xla, version_of)
 
     if xla > SUPPORTED[-1] and needs_torch_xla(device, spmd, virtual_devices):
         raise PlanError(f"torch_xla {torch_xla_version} is newer than the releases xlarun's device settings "
@@ -137,16 +211,25 @@ def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices:
                          "which is not installed in this Python")
 
 
-def preflight_native(runtime: str, tpu_library_path: str | None, version_of: VersionLookup) -> None:
-    """Refuse a native runtime (:data:`NATIVE_DISTRIBUTIONS`) whose package is missing, or mixed with torch_xla.
+def preflight_native(runtime: str, tpu_library_path: str | None, version_of: VersionLookup,
+                     torch_requirement_of: TorchRequirementLookup) -> None:
+    """Refuse a native runtime (:data:`NATIVE_DISTRIBUTIONS`) whose package is missing, pairs with another
+    torch, or is mixed with torch_xla.
 
-    TorchTPU loads libtpu from ``TPU_LIBRARY_PATH`` inside ``import torch`` and aborts the process
-    (a fatal CHECK) where the path names no library, so a path that names no file is refused here.
+    Each torch-neuronx release is built for given torch releases (Neuron 2.33's for torch 2.13 and
+    2.14) and says which in its metadata's ``Requires-Dist: torch==X.Y.*``: that requirement is the
+    check, so a new Neuron release needs no change here. TorchTPU loads libtpu from
+    ``TPU_LIBRARY_PATH`` inside ``import torch`` and aborts the process (a fatal CHECK) where the path
+    names no library, so a path that names no file is refused here.
     """
     distribution = NATIVE_DISTRIBUTIONS[runtime]
     version = version_of(distribution)
     if version is None:
         raise PlanError(f"the {runtime} runtime needs {distribution}, which is not installed in this Python")
+    requirement = torch_requirement_of(distribution)
+    if requirement is not None:
+        require_torch(f"{distribution} {version}", f"torch{requirement} (its requirement)",
+                      lambda torch_version: satisfies(torch_version, requirement), version_of)
     torch_xla_version = version_of("torch_xla")
     if runtime == "torchneuron" and torch_xla_version is not None:
         raise PlanError(f"torch-neuronx {version} beside torch_xla {torch_xla_version} is AWS's PyTorch/XLA "

@@ -102,10 +102,16 @@ _LEADING_MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
 
 
 def installed_version(distribution: str) -> str | None:
-    """The installed version of ``distribution`` (e.g. ``"2.9.0+cpu"``), or None.
+    """The installed version of ``distribution`` (e.g. ``"2.9.0+cpu"``), or None."""
+    found = installed_dist_info(distribution)
+    return None if found is None else found[1]
 
-    Reads the first ``<name>-<version>.dist-info`` folder on ``sys.path``, as the import
-    system would find the package; names compare as packaging normalises them.
+
+def installed_dist_info(distribution: str) -> tuple[str, str] | None:
+    """The ``<name>-<version>.dist-info`` folder of ``distribution`` and its version, or None.
+
+    The first such folder on ``sys.path``, as the import system would find the package; names
+    compare as packaging normalises them.
     """
     wanted = _normalised(distribution)
     for entry in sys.path:
@@ -118,7 +124,7 @@ def installed_version(distribution: str) -> str | None:
                 continue
             project, _, version = name[: -len(".dist-info")].partition("-")
             if version and _normalised(project) == wanted:
-                return version
+                return os.path.join(entry or ".", name), version
     return None
 
 
