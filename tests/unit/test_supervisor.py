@@ -296,3 +296,33 @@ def test_the_teardown_after_a_fault_sends_sigkill_whatever_its_grace() -> None:
     with pytest.raises(RuntimeError, match="the report broke"):
         group.run(FakeInbox())  # type: ignore[arg-type]
     assert [process.signals[-1] for process in started] == [signal.SIGKILL, signal.SIGKILL]
+
+
+class EndsBeforeItsPipe(FakeProcess):
+    """A worker whose exit is seen before the end of its stderr, as when a child it left holds the
+    pipe a moment longer: both come in one batch of events, the exit first."""
+
+    def end(self, returncode: int) -> None:
+        if self.returncode is not None:
+            return
+        self.returncode = returncode
+        os.write(self._exit_write, b"x")
+        os.close(self._exit_write)
+        if self._stderr_write is not None:
+            os.close(self._stderr_write)
+
+
+def test_a_pipe_closed_by_an_earlier_event_of_the_same_batch_is_not_read() -> None:
+    """The exit drains the worker's pipes to their end and closes them; the pipe's own event, next
+    in the batch, must not read the closed descriptor (EBADF, or another file under its number)."""
+    started: list[FakeProcess] = []
+
+    def start(worker_spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget) -> FakeProcess:
+        started.append(EndsBeforeItsPipe(worker_spec, stdout, stderr))
+        return started[-1]
+
+    inbox = FakeInbox()
+    inbox.send(signal.SIGTERM)
+    outcome = WorkerGroup([spec(0), spec(1)], start_process=start).run(inbox)  # type: ignore[arg-type]
+    assert outcome.launcher_signal == signal.SIGTERM
+    assert [result.returncode for result in outcome.results] == [-signal.SIGTERM, -signal.SIGTERM]

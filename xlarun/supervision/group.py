@@ -350,7 +350,9 @@ class WorkerGroup:
     def _loop(self) -> None:
         while any(worker.still_waited_on for worker in self._workers):
             for key, _ in self._selector.select(bounded_wait(self._wait_time())):
-                key.data()
+                # An earlier callback of the same batch may have closed it (a worker's exit drains its pipes).
+                if self._selector.get_map().get(key.fd) is key:
+                    key.data()
             watch = self._hang_watch if self._stopping is None and self._hang_in_progress is None else None
             if watch is not None and watch.seconds_left() == 0:
                 if held := self._readers.held_back():
