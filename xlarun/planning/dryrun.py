@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from operator import attrgetter, methodcaller
@@ -24,12 +25,31 @@ from xlarun.config import DEFAULT_MASTER_PORT, LaunchConfig, Topology
 from xlarun.host.holders import busy_device_holders
 from xlarun.host.ports import host_port
 from xlarun.planning.device import DevicePlan
-from xlarun.planning.environment import worker_variables
+from xlarun.planning.environment import PASSED_THROUGH, worker_variables
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes.torchtpu import ADDRESSES
 
 DECIDED_AT_RENDEZVOUS = "<decided at rendezvous>"
 """What a dry run shows in place of a value only a real rendezvous decides."""
+
+REDACTED = "<redacted>"
+"""What the plan shows in place of the value of a variable whose name looks secret (:func:`looks_secret`)."""
+
+SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "CREDENTIALS"})
+"""A variable's name looks secret when one of its words (split at ``_``, ``-`` and ``.``, any case) is
+one of these: ``KUBEFLOW_TRAINER_STATUS_TOKEN``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, but not
+``KEYBOARD`` or ``TOKENIZERS_PARALLELISM``. A plan is printed, pasted and logged, so such a value is
+never shown, even where (as Kubeflow Trainer's token) it is the path of a file that holds the secret."""
+
+
+def looks_secret(name: str) -> bool:
+    return not SECRET_WORDS.isdisjoint(re.split(r"[_.-]", name.upper()))
+
+
+def shown_value(name: str, value: str) -> str:
+    """A variable's value as the plan prints it: :data:`REDACTED` where its name looks secret."""
+    return REDACTED if looks_secret(name) else value
+
 
 STAND_IN_WORKER_PORT = 40000
 """The first of the stand-ins for the ports a launch picks for its workers on one host (TorchTPU's):
@@ -184,7 +204,9 @@ def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan
     """The dry run's JSON: the whole plan for this node, nothing started.
 
     Values decided at rendezvous read :data:`DECIDED_AT_RENDEZVOUS`, and
-    ``decided_at_rendezvous`` names them (plan keys and worker variables). ``notices`` are
+    ``decided_at_rendezvous`` names them (plan keys and worker variables). ``passed_through`` holds
+    the launcher's variables of :data:`~xlarun.planning.environment.PASSED_THROUGH` that every worker
+    inherits unchanged; every value whose name looks secret reads :data:`REDACTED`. ``notices`` are
     the lines the real run prints before starting; ``assumed`` says what the plan took for
     granted about a machine it cannot see. ``env_bytes`` is the size of the largest worker's
     added environment (``KEY=value`` strings with their terminators, as ``exec`` counts
@@ -210,7 +232,7 @@ def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan
     workers = [{"local_rank": local_rank,
                 "rank": shown(methodcaller("global_rank", local_rank)),
                 "argv": config.command.argv(local_rank),
-                "env": {name: DECIDED_AT_RENDEZVOUS if name in undecided_variables else value
+                "env": {name: DECIDED_AT_RENDEZVOUS if name in undecided_variables else shown_value(name, value)
                         for name, value in env.items()}}
                for local_rank, env in enumerate(envs)]
     return {
@@ -231,6 +253,7 @@ def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan
         "notices": list(notices),
         "assumed": [*device.assumed, *planned.assumed],
         "env_bytes": max(environment_bytes(env) for env in envs),
+        "passed_through": {name: shown_value(name, environ[name]) for name in PASSED_THROUGH if name in environ},
         "workers": workers,
     }
 

@@ -25,6 +25,19 @@ if TYPE_CHECKING:
 
 TORCH_XLA_RUNTIMES = ("pjrt", "xrt")
 
+PASSED_THROUGH = ("KUBEFLOW_TRAINER_STATUS_URL", "KUBEFLOW_TRAINER_STATUS_CA_CERT", "KUBEFLOW_TRAINER_STATUS_TOKEN",
+                  "TRACEPARENT", "TRACESTATE", "BAGGAGE")
+"""Variables other systems give the training script, which reach every worker unchanged under every
+cluster: xlarun sets none of them, and the workers inherit them as the launcher got them.
+
+- Kubeflow Trainer's progress reporting (its ``Progress`` plugin, ``pkg/runtime/framework/plugins/progress``):
+  the status server's URL, and the paths of the CA certificate and the projected service-account token
+  it mounts at ``/var/run/secrets/kubeflow/trainer``.
+- OpenTelemetry's context carried in the environment: ``TRACEPARENT`` and ``TRACESTATE`` (W3C Trace
+  Context) and ``BAGGAGE`` (W3C Baggage), so that the workers' spans join the trace that started the job.
+
+The dry run lists those present (:mod:`xlarun.planning.dryrun`)."""
+
 SIGNALS_VARIABLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 SIGNALS_VARIABLE_SINCE: Release = (2, 10)
 """From this torchrun on, every worker gets ``--signals-to-handle`` as given in :data:`SIGNALS_VARIABLE`
