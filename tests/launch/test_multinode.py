@@ -229,6 +229,29 @@ def test_a_frozen_store_host_is_given_up_when_heartbeats_go_unanswered(nodes: No
     assert pids and not [pid for pid in pids if is_alive(pid)]
 
 
+def test_a_store_host_paused_past_the_read_timeout_blames_no_one_for_its_own_pause(nodes: Nodes, out_dir: Path,
+                                                                                   port: int) -> None:
+    """Node 0's launcher is stopped (SIGSTOP) for longer than ``read_timeout``: node 1 gives its
+    store up, rightly; node 0, once continued, names node 1, which went silent, never the store it
+    serves itself."""
+    agents = [nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", f"{HEARTBEAT},read_timeout=4", FAIL,
+                          out_dir, "-1")
+              for node_rank in (0, 1)]
+    nodes.wait_for_records(2)
+    os.kill(agents[0].pid, signal.SIGSTOP)
+    try:
+        other = finish(agents[1], timeout=60)
+    finally:
+        os.kill(agents[0].pid, signal.SIGCONT)
+    run = finish(agents[0])
+
+    assert other.returncode == 1 and "node 0, which hosted it, stopped" in lines(other)[-1], other.stderr
+    assert run.returncode == 1, run.stderr
+    assert lines(run)[-1] == (f"xlarun: node 1 ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
+                              "(its launcher is gone, or its host stopped or was cut off)"), run.stderr
+    assert "node 0" not in run.stderr and "store" not in without_warnings(run.stderr), run.stderr
+
+
 @pytest.mark.parametrize("stopped", [1, 0], ids=["node1", "node0-store-host"])
 def test_sigterm_to_one_agent_stops_the_other_node(nodes: Nodes, out_dir: Path, port: int, stopped: int) -> None:
     agents = [nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", HEARTBEAT, FAIL, out_dir, "-1")

@@ -185,7 +185,7 @@ def test_a_silent_node_is_declared_lost_once_and_its_rank_set_free() -> None:
     assert News.decode(store.get(KEYS.attempt(0, "end"))) == News("lost", lost.message)
     # Silent before the attempt ended: the root cause, for every node's report.
     assert LostNode.from_json(store.get(KEYS.attempt(0, "lost"))) == lost
-    assert store.check([KEYS.attempt(0, "accounted")])
+    assert store.check([KEYS.attempt(0, "settled", rank) for rank in (0, 1)])
     assert store.check([KEYS("gone", 2)]) and not store.check([KEYS("gone", 1)])
     assert monitor.gone_from(0) == 1
 

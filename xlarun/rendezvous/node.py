@@ -307,7 +307,7 @@ class NodeRendezvous:
             raise LaunchError(self._lost)
         store = self._store_client()
         with lost_store_is_one_line(self._describe_lost_store):
-            settle(store, self._keys, seat.attempt, seat.node_rank, "finished", seat.nnodes)
+            settle(store, self._keys, seat.attempt, seat.node_rank, "finished")
             if succeeded:
                 if int(store.add(self._keys.attempt(seat.attempt, "done"), 1)) >= seat.nnodes:
                     announce(store, self._keys, seat.attempt, News(DONE))
@@ -320,7 +320,7 @@ class NodeRendezvous:
             if not self._lost and news is not None and news.kind not in (DONE, "admit"):
                 # A node silent since before the end is found by then (Monitor), whatever ended the attempt.
                 found_by = watch.heard + self._timeouts.heartbeat + 2 * self._timeouts.beat_interval + STALL
-                lost = lost_node(store, self._keys, seat.attempt, found_by)
+                lost = lost_node(store, self._keys, seat.attempt, seat.nnodes, found_by)
         if self._lost:
             raise LaunchError(self._lost)
         assert news is not None
@@ -369,7 +369,7 @@ class NodeRendezvous:
         client.set(self._keys.heartbeat(self._agent), LEFT_BEAT.decode())
         client.set(self._keys("gone", self._agent), "left")
         if seat is not None:
-            settle(client, self._keys, seat.attempt, seat.node_rank, "finished", seat.nnodes)
+            settle(client, self._keys, seat.attempt, seat.node_rank, "finished")
             if int(client.add(self._keys.attempt(seat.attempt, "left"), 1)) >= seat.nnodes:
                 client.set(self._keys.attempt(seat.attempt, "all_left"), "1")
         if self._monitor is not None:

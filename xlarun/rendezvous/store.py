@@ -185,8 +185,8 @@ class JobKeys:
         attempt_<n>/end              what ended the attempt (first writer wins); every node waits on it
         attempt_<n>/failure          the first failure of the attempt (JSON), first writer wins
         attempt_<n>/done             how many nodes' workers all succeeded
-        attempt_<n>/settled/<rank>   ``finished`` (the node's workers are gone) or ``lost``; first writer wins
-        attempt_<n>/settled          how many nodes settled; ``accounted`` once all did, or one was lost
+        attempt_<n>/settled/<rank>   ``finished`` (the node's workers are gone), ``lost``, or ``accounted``
+                                     (a node was found lost before the end: no one need wait for the rest)
         attempt_<n>/lost             the first node found silent before the attempt ended (JSON): the root cause
         attempt_<n>/left, all_left   how many nodes read the outcome and left; the host closes after all
     """
@@ -229,9 +229,10 @@ def is_timeout(error: BaseException) -> bool:
     return isinstance(error, DistStoreError)
 
 
-def wait_for_key(client: Client, key: str, deadline: float | None,
+def wait_for_key(client: Client, key: str | list[str], deadline: float | None,
                  status: Callable[[], None] | None = None) -> bool:
-    """Block until ``key`` exists; False at ``deadline`` (monotonic seconds; ``None``: no deadline).
+    """Block until ``key`` exists (every one, for a list); False at ``deadline`` (monotonic seconds;
+    ``None``: no deadline).
 
     The server answers the moment the key is set: nothing is polled. ``status`` (a terminal's
     status line) is called every :data:`STATUS_INTERVAL` while waiting.
@@ -244,7 +245,7 @@ def wait_for_key(client: Client, key: str, deadline: float | None,
             status()
             remaining = min(remaining, STATUS_INTERVAL)
         try:
-            client.wait([key], datetime.timedelta(seconds=remaining))
+            client.wait([key] if isinstance(key, str) else key, datetime.timedelta(seconds=remaining))
             return True
         except Exception as error:
             if not is_timeout(error):

@@ -75,22 +75,23 @@ def announce(client: Client, keys: JobKeys, attempt: int, news: News) -> None:
     client.compare_set(keys.attempt(attempt, "end"), "", news.encode())
 
 
-def settle(client: Client, keys: JobKeys, attempt: int, node_rank: int, how: str, nnodes: int) -> None:
-    """Count node ``node_rank`` of ``attempt`` settled, once: ``finished`` (its workers are gone) or
-    ``lost``. Whoever settles the last node says the attempt is ``accounted`` for."""
-    if client.compare_set(keys.attempt(attempt, "settled", node_rank), "", how) != how.encode():
-        return
-    if int(client.add(keys.attempt(attempt, "settled"), 1)) >= nnodes:
-        client.set(keys.attempt(attempt, "accounted"), "1")
+def settle(client: Client, keys: JobKeys, attempt: int, node_rank: int, how: str) -> None:
+    """Say node ``node_rank`` of ``attempt`` settled: ``finished`` (its workers are gone), ``lost``, or
+    ``accounted`` for (a node was found lost first). The first word stands.
+
+    No counter: a TCPStore server answers ``add`` on a value that is not a number (anyone may
+    write one) by closing the connection.
+    """
+    client.compare_set(keys.attempt(attempt, "settled", node_rank), "", how)
 
 
-def lost_node(client: Client, keys: JobKeys, attempt: int, deadline: float) -> LostNode | None:
+def lost_node(client: Client, keys: JobKeys, attempt: int, nnodes: int, deadline: float) -> LostNode | None:
     """The node found silent before ``attempt`` ended, if one was: waits until every node settled
-    or one was found lost, up to ``deadline`` (monotonic), by which a silent node has been found.
+    (one request), up to ``deadline`` (monotonic), by which a silent node has been found.
 
     A record xlarun did not write is ignored: the workers' own failures are the root cause then.
     """
-    wait_for_key(client, keys.attempt(attempt, "accounted"), deadline)
+    wait_for_key(client, [keys.attempt(attempt, "settled", rank) for rank in range(nnodes)], deadline)
     key = keys.attempt(attempt, "lost")
     if not client.check([key]):
         return None
@@ -351,9 +352,11 @@ class Monitor:
             self._client.compare_set(self._keys.attempt(self._attempt, "lost"), "", lost.to_json())
         announce(self._client, self._keys, self._attempt, News("lost", lost.message))
         self._client.set(self._keys("gone", member.agent), "lost")
-        settle(self._client, self._keys, self._attempt, rank, "lost", len(roster.members))
+        settle(self._client, self._keys, self._attempt, rank, "lost")
         if not silence.alive_after_end:
-            self._client.set(self._keys.attempt(self._attempt, "accounted"), "1")
+            # The root cause is known: no node need wait for the others to settle.
+            for other in range(len(roster.members)):
+                settle(self._client, self._keys, self._attempt, other, "accounted")
 
     def _admit(self, roster: Roster) -> None:
         """torchrun's rule: nodes waiting while fewer than the maximum run are let in by a restart.
