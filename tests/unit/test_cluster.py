@@ -219,10 +219,42 @@ def test_gke_tpu_worker_reads_its_slice():
                                        master_addr="llama-slice-job-0-0.llama", master_port=None, run_id=None)
 
 
-def test_gke_tpu_multislice_is_refused():
-    with pytest.raises(UsageError, match="MEGASCALE_NUM_SLICES=2 is a multislice job"):
-        detect_cluster("gke-tpu", fixture("gke_tpu_worker1", MEGASCALE_NUM_SLICES="2"))
+def multislice_host(slice_id: int, worker: int, **changes: str | None) -> dict[str, str]:
+    """The pod of worker ``worker`` of slice ``slice_id`` in the recorded 2 slices x 2 hosts JobSet."""
+    hosts = f"llama-slice-{slice_id}-0.llama,llama-slice-{slice_id}-1.llama"
+    return fixture("gke_tpu_multislice_slice1_worker0", MEGASCALE_SLICE_ID=str(slice_id), TPU_WORKER_ID=str(worker),
+                   TPU_WORKER_HOSTNAMES=hosts, **changes)
+
+
+def test_gke_tpu_multislice_numbers_the_nodes_slice_by_slice_with_node_0_at_the_coordinator():
+    found = [detect_cluster("gke-tpu", multislice_host(slice_id, worker)) for slice_id in (0, 1) for worker in (0, 1)]
+    assert [settings.node_rank for settings in found] == [0, 1, 2, 3]
+    assert {(settings.nnodes, settings.master_addr, settings.run_id) for settings in found} == {
+        (4, "llama-slice-0-0.llama", None)}
+    assert found[2].read_from["node_rank"] == "MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID, TPU_WORKER_ID"
     assert detect_cluster("gke-tpu", fixture("gke_tpu_worker1", MEGASCALE_NUM_SLICES="1")).nnodes == 4
+
+
+def test_gke_tpu_multislice_without_a_coordinator_knows_node_0_on_slice_0_only():
+    assert detect_cluster("gke-tpu", multislice_host(0, 1, MEGASCALE_COORDINATOR_ADDRESS=None)).master_addr == (
+        "llama-slice-0-0.llama")
+    settings = detect_cluster("gke-tpu", multislice_host(1, 1, MEGASCALE_COORDINATOR_ADDRESS=None))
+    assert (settings.node_rank, settings.master_addr) == (3, None)
+    with pytest.raises(UsageError, match="cannot tell where node 0 runs; pass --master-addr"):
+        settings.resolve_master_addr(None)
+
+
+@pytest.mark.parametrize("changes, complaint", [
+    ({"MEGASCALE_COORDINATOR_ADDRESS": "llama-slice-0-0.llama"},
+     "MEGASCALE_COORDINATOR_ADDRESS='llama-slice-0-0.llama' has no port"),
+    ({"MEGASCALE_SLICE_ID": "2"}, "MEGASCALE_SLICE_ID=2 is outside"),
+    ({"MEGASCALE_SLICE_ID": None}, "MEGASCALE_SLICE_ID is unset"),
+    ({"MEGASCALE_PORT": "70000"}, "MEGASCALE_PORT=70000 is not a TCP port"),
+    ({"SKIP_MEGASCALE_PJRT_CLIENT": "1"}, "SKIP_MEGASCALE_PJRT_CLIENT is set"),
+])
+def test_gke_tpu_multislice_bad_settings_are_refused(changes, complaint):
+    with pytest.raises(UsageError, match="^--cluster gke-tpu: " + re.escape(complaint)):
+        detect_cluster("gke-tpu", fixture("gke_tpu_multislice_slice1_worker0", **changes))
 
 
 @pytest.mark.parametrize("changes, complaint", [

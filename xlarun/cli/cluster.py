@@ -36,8 +36,12 @@ Kinds, and what each reads:
     of the form ``MIN:MAX``) is configured by its ``PET_RDZV_*`` variables instead.
 ``gke-tpu``
     ``TPU_WORKER_ID`` (node rank) and ``TPU_WORKER_HOSTNAMES`` (comma list: its length
-    is the node count, its first entry node 0). Multislice jobs
-    (``MEGASCALE_NUM_SLICES`` above 1) number workers per slice and are refused.
+    is the node count, its first entry node 0). A multislice job (``MEGASCALE_NUM_SLICES`` above 1)
+    numbers workers within each slice: its ``MEGASCALE_SLICE_ID`` places the slice, so the job has
+    slices × hosts per slice nodes, the node rank is slice id × hosts per slice + ``TPU_WORKER_ID``, and
+    node 0 is slice 0's worker 0, the host of ``MEGASCALE_COORDINATOR_ADDRESS`` (without one, only slice 0
+    knows it: the other slices need the master address). The workers get the MegaScale settings
+    (:mod:`xlarun.runtimes.megascale`); the run id is the same on every slice.
 ``tpu-vm``
     A Cloud TPU VM's metadata server: ``agent-worker-number`` (node rank),
     ``worker-network-endpoints`` (``<name>:<uid>:<ip>`` per host in worker order: the node
@@ -46,8 +50,9 @@ Kinds, and what each reads:
     ``TPU_CHIPS_PER_PROCESS_BOUNDS``; ``TOPOLOGY``). These also plan the device, as GKE's variables
     would (:attr:`ClusterSettings.device_environ`: ``TPU_WORKER_ID``, ``TPU_WORKER_HOSTNAMES``,
     ``TPU_ACCELERATOR_TYPE``, ``TPU_HOST_BOUNDS``, ``TPU_CHIPS_PER_HOST_BOUNDS``, ``TPU_TOPOLOGY``), for
-    torch_xla and TorchTPU alike; the workers do not get them. Never picked by ``auto``, which reads
-    no network.
+    torch_xla and TorchTPU alike; the workers do not get them. A multislice job's ``tpu-env`` (queued
+    resources of several slices) also carries ``MEGASCALE_*`` keys: they place the host as under
+    ``gke-tpu``, and the workers get them. Never picked by ``auto``, which reads no network.
 ``mpi``
     Open MPI with one xlarun per node (``mpirun --npernode 1``):
     ``OMPI_COMM_WORLD_SIZE`` nodes, ``OMPI_COMM_WORLD_RANK`` as node rank, the job's
@@ -76,6 +81,7 @@ from xlarun.cli.hostlist import MAX_NUMBER_DIGITS, first_host, too_long
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
 from xlarun.host.metadata import MetadataError, instance_attributes
+from xlarun.runtimes import megascale
 
 # Slurm master ports: 15000-24999, in blocks of 4 so that ports a launcher derives
 # as MASTER_PORT+1..+3 stay inside the step's own block. The range stays clear of
@@ -90,6 +96,8 @@ _SLURM_STEP_STRIDE = 97
 _DIGITS = re.compile(r"[0-9]+")
 _TPU_ENV_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9,._-]{0,63}")
 """A ``tpu-env`` value the plan takes: an accelerator type (``v5litepod-16``), bounds (``1,1,2``), a topology."""
+_TPU_ENV_ADDRESS = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9.:_\[\]-]{0,252}")
+"""``tpu-env``'s MegaScale coordinator: a host name or address and its port."""
 _TASKS_PER_NODE_ITEM = re.compile(r"([0-9]+)(?:\(x[0-9]+\))?")
 _LOOPBACK_NAMES = ("localhost", "::1")
 
@@ -274,22 +282,43 @@ def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
 def _read_gke_tpu(environ: Mapping[str, str]) -> ClusterSettings:
     _require(environ, "gke-tpu", [("TPU_WORKER_ID",), ("TPU_WORKER_HOSTNAMES",)],
              "these come from a multi-host TPU slice on GKE")
-    slices = _optional_int(environ, "gke-tpu", ("MEGASCALE_NUM_SLICES",))
-    if slices is not None and slices > 1:
-        raise UsageError(
-            f"{flag('cluster')} gke-tpu: MEGASCALE_NUM_SLICES={slices} is a multislice job, whose worker ids"
-            f" count within one slice; give {flag('nnodes')}, {flag('node_rank')} and {flag('master_addr')} instead")
     hostnames = environ["TPU_WORKER_HOSTNAMES"]
     hosts = [host.strip() for host in hostnames.split(",")]
     if not all(hosts):
         raise UsageError(f"{flag('cluster')} gke-tpu: TPU_WORKER_HOSTNAMES={hostnames!r} has an empty entry;"
                          f" it must be a comma-separated list of host names")
-    _, node_rank = _whole_number(environ, "gke-tpu", ("TPU_WORKER_ID",))
-    _check_node_rank(node_rank, len(hosts), "gke-tpu", "TPU_WORKER_ID")
-    return ClusterSettings(kind="gke-tpu", nnodes=len(hosts), node_rank=node_rank, master_addr=hosts[0],
-                           master_port=None, run_id=None,
-                           read_from={"nnodes": "TPU_WORKER_HOSTNAMES", "node_rank": "TPU_WORKER_ID",
-                                      "master_addr": "TPU_WORKER_HOSTNAMES"})
+    _, worker = _whole_number(environ, "gke-tpu", ("TPU_WORKER_ID",))
+    _check_node_rank(worker, len(hosts), "gke-tpu", "TPU_WORKER_ID")
+    return _slice_settings("gke-tpu", hosts, worker, environ,
+                           {"nnodes": "TPU_WORKER_HOSTNAMES", "node_rank": "TPU_WORKER_ID",
+                            "master_addr": "TPU_WORKER_HOSTNAMES"})
+
+
+def _slice_settings(kind: str, hosts: Sequence[str], worker: int, megascale_source: Mapping[str, str],
+                    read_from: Mapping[str, str], device_environ: Mapping[str, str] | None = None) -> ClusterSettings:
+    """A TPU host's place: worker ``worker`` of its slice's ``hosts``, and of the job's slices where
+    ``megascale_source`` holds a multislice job's MegaScale settings (:mod:`xlarun.runtimes.megascale`).
+
+    Across slices node 0 is slice 0's worker 0, which the coordinator's host names; without a
+    coordinator only slice 0 knows it (its first host), the other slices must be given it.
+    """
+    try:
+        settings = megascale.read_megascale(megascale_source)
+    except UsageError as error:
+        raise UsageError(f"{flag('cluster')} {kind}: {error}") from None
+    if settings is None:
+        return ClusterSettings(kind=kind, nnodes=len(hosts), node_rank=worker, master_addr=hosts[0],
+                               master_port=None, run_id=None, device_environ=dict(device_environ or {}),
+                               read_from=read_from)
+    master_addr = settings.coordinator_host or (hosts[0] if settings.slice_id == 0 else None)
+    slice_names = f"{megascale.NUM_SLICES}, {megascale.SLICE_ID}"
+    read_from = {"nnodes": f"{megascale.NUM_SLICES}, {read_from['nnodes']}",
+                 "node_rank": f"{slice_names}, {read_from['node_rank']}",
+                 "master_addr": megascale.COORDINATOR if settings.coordinator else read_from["master_addr"]}
+    return ClusterSettings(kind=kind, nnodes=settings.slices * len(hosts),
+                           node_rank=megascale.node_rank(settings, worker, len(hosts)), master_addr=master_addr,
+                           master_port=None, run_id=None, device_environ=dict(device_environ or {}),
+                           read_from=read_from)
 
 
 TPU_ENV_VARIABLES = {
@@ -330,17 +359,18 @@ def _read_tpu_vm(environ: Mapping[str, str]) -> ClusterSettings:
     facts = {"TPU_WORKER_ID": str(node_rank), "TPU_WORKER_HOSTNAMES": ",".join(hosts)}
     for line in tpu_env_text.splitlines():
         key, _, value = line.partition(":")
-        variable = TPU_ENV_VARIABLES.get(key.strip())
-        value = value.strip().strip("'\"")
-        if variable is not None and not _TPU_ENV_VALUE.fullmatch(value):
-            raise UsageError(f"{flag('cluster')} tpu-vm: tpu-env's {key.strip()}='{shown(value, 40)}' is not a "
-                             "slice's shape (letters, digits and , . - _ such as v4-16 or 1,1,2)")
-        if variable is not None:
+        key, value = key.strip(), value.strip().strip("'\"")
+        variable = key if key in megascale.NAMES else TPU_ENV_VARIABLES.get(key)
+        pattern = _TPU_ENV_ADDRESS if key == megascale.COORDINATOR else _TPU_ENV_VALUE
+        if variable is not None and value and not pattern.fullmatch(value):
+            raise UsageError(f"{flag('cluster')} tpu-vm: tpu-env's {key}='{shown(value, 40)}' is not "
+                             + ("an address" if key == megascale.COORDINATOR else
+                                "a slice's shape (letters, digits and , . - _ such as v4-16 or 1,1,2)"))
+        if variable is not None and value:
             facts.setdefault(variable, value)
-    return ClusterSettings(kind="tpu-vm", nnodes=len(hosts), node_rank=node_rank, master_addr=hosts[0],
-                           master_port=None, run_id=None, device_environ=facts,
-                           read_from={"nnodes": "worker-network-endpoints", "node_rank": "agent-worker-number",
-                                      "master_addr": "worker-network-endpoints"})
+    return _slice_settings("tpu-vm", hosts, node_rank, facts,
+                           {"nnodes": "worker-network-endpoints", "node_rank": "agent-worker-number",
+                            "master_addr": "worker-network-endpoints"}, device_environ=facts)
 
 
 def _is_ip_address(text: str) -> bool:

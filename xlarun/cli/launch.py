@@ -63,6 +63,7 @@ def prepare_launch(given: Mapping[str, str | None], script: str | None, script_a
     """
     script = require_script(script)
     values = read_options(given, environ)
+    user_environ = environ
     if values["cluster"] != "none":
         values, cluster_environ = apply_cluster(values, environ)
         # What the cluster says of the device (a TPU VM's slice) plans it where the environment is silent.
@@ -71,7 +72,7 @@ def prepare_launch(given: Mapping[str, str | None], script: str | None, script_a
     request = DeviceRequest(device=values["device"], runtime=values["runtime"], spmd=values["spmd"],
                             virtual_devices=values["virtual_devices"], coordinator_port=values["coordinator_port"])
     device = plan_device(request, environ, nnodes=values["nnodes"][1], nproc=values["nproc_per_node"],
-                         dry_run=dry_run)
+                         dry_run=dry_run, user_environ=user_environ)
     try:
         nproc = count_workers(values["nproc_per_node"], device, environ)
     except PlanError as error:

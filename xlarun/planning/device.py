@@ -34,7 +34,16 @@ from xlarun.host.devices import (
 )
 from xlarun.planning.packages import FIRST_WITH_CUDA_NAME, FIRST_WITHOUT_CUDA, preflight, resolve_runtime
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import NATIVE_RUNTIMES, XlaOptions, apply_user_precedence, neuron, torchtpu, tpu, xla_env
+from xlarun.runtimes import (
+    NATIVE_RUNTIMES,
+    XlaOptions,
+    apply_user_precedence,
+    megascale,
+    neuron,
+    torchtpu,
+    tpu,
+    xla_env,
+)
 from xlarun.runtimes.releases import installed_version, major_minor, release_of
 
 
@@ -80,8 +89,16 @@ class DevicePlan:
 
     @property
     def slice_worker(self) -> int | None:
-        """This host's number in its TPU slice, where the environment or the cluster says it (TorchTPU)."""
-        return self.xla.tpu_slice.worker if self.xla is not None and self.xla.tpu_slice is not None else None
+        """This host's place in the job by its TPU slice, where the environment or the cluster says it
+        (TorchTPU): its number in the slice, after the hosts of the slices before it where MegaScale joins
+        several (their count known from ``TPU_WORKER_HOSTNAMES``)."""
+        facts = self.xla.tpu_slice if self.xla is not None else None
+        if facts is None or facts.worker is None or self.xla is None:
+            return None
+        if self.xla.megascale is None:
+            return facts.worker
+        hosts_per_slice = len(facts.worker_hostnames) or None
+        return megascale.node_rank(self.xla.megascale, facts.worker, hosts_per_slice) if hosts_per_slice else None
 
     def variables(self, node: NodeAssignment, local_rank: int) -> dict[str, str]:
         """The XLA variables one worker gets, less those the user set."""
@@ -91,7 +108,12 @@ class DevicePlan:
         """The variables and the notices naming the user's variables kept instead of planned ones."""
         if self.xla is None:
             return {}, []
-        return apply_user_precedence(xla_env(self.xla, node, local_rank), self.user_environ)
+        variables, notices = apply_user_precedence(xla_env(self.xla, node, local_rank), self.user_environ)
+        if self.xla.megascale is not None:
+            # Planned from the user's own values where given, so none is overridden; listed in full, so that
+            # a plan shows every worker's MegaScale settings, the same on every host of the job.
+            variables.update(self.xla.megascale.variables(node.master_addr))
+        return variables, notices
 
 
 @dataclass(frozen=True)
@@ -121,8 +143,11 @@ TPU_HOST_8_CHIPS = AssumedHost(8, "a TPU VM host with 8 chips in 2,4,1 (v5litepo
 
 
 def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: int, nproc: NprocRequest,
-                dry_run: bool) -> DevicePlan:
+                dry_run: bool, user_environ: Mapping[str, str] | None = None) -> DevicePlan:
     """Resolve device and runtime, check the installed packages can run them, and plan the variables.
+
+    ``user_environ`` is the launcher's own environment where ``environ`` adds what a cluster says of
+    the device (a TPU VM's metadata): only the user's own values are kept instead of planned ones.
 
     A dry run plans what a real run in the same environment would, with two differences: it
     skips the package checks, and on a host without the device it plans for the host in
@@ -147,8 +172,9 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
     units = local_unit_count(device, root)
     host = assumed_host(device, nproc, request.spmd) if dry_run and units == 0 else None
     host_used = host is not None and nproc.word == "auto" and not request.spmd
-    topology = generation = tpu_slice = None
+    topology = generation = tpu_slice = joined = None
     if device == "tpu":
+        joined = megascale.read_megascale(environ)
         generation = tpu.generation_of(environ.get("TPU_ACCELERATOR_TYPE", "")) or tpu_generation(root)
         topology = tpu.topology(environ, units, nnodes, generation)
         if topology is None and host is not None:
@@ -169,7 +195,8 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
         node_units = neuron.visible_core_count(environ["NEURON_RT_VISIBLE_CORES"]) or node_units
     xla = XlaOptions(device=device, runtime=runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
                      coordinator_port=request.coordinator_port, tpu_topology=topology,
-                     release=release_of(torch_xla_version), local_units=node_units, tpu_slice=tpu_slice)
+                     release=release_of(torch_xla_version), local_units=node_units, tpu_slice=tpu_slice,
+                     megascale=joined)
     if not dry_run:
         preflight(device, runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
                   tpu_library_path=environ.get("TPU_LIBRARY_PATH"), tpu_generation=generation)
@@ -178,7 +205,8 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
             raise PlanError(f"device {device} was asked for, but this host has no {DRY_RUN_HOSTS[device].lacking}: "
                             f"run on a {device} host, or plan for one with {flag('dry_run')}")
     assumed = (assumption(device, host),) if host is not None and host_used else ()
-    return DevicePlan(device=device, runtime=runtime, xla=xla, spmd=request.spmd, user_environ=dict(environ),
+    return DevicePlan(device=device, runtime=runtime, xla=xla, spmd=request.spmd,
+                      user_environ=dict(environ if user_environ is None else user_environ),
                       local_units=local_units, notices=tuple(notices), assumed=assumed,
                       torch_xla_version=torch_xla_version)
 

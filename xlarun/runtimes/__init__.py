@@ -31,6 +31,7 @@ from xlarun.exceptions import PlanError
 from xlarun.host.ports import host_port
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import cpu, cuda, neuron, pjrt, torchneuron, torchtpu, tpu, xrt
+from xlarun.runtimes.megascale import MegaScale
 from xlarun.runtimes.releases import NEWEST, Release
 from xlarun.runtimes.torchtpu import TpuSlice
 from xlarun.runtimes.tpu import TpuTopology
@@ -97,7 +98,8 @@ class XlaOptions:
     (:data:`~xlarun.runtimes.releases.NEWEST` where none is installed). ``local_units`` is
     how many devices (TPU chips, NeuronCores, GPUs) one node's processes share, when known;
     Neuron under SPMD across nodes needs it. ``tpu_slice`` is what TorchTPU needs to know of the
-    slice beyond its shape (:class:`~xlarun.runtimes.torchtpu.TpuSlice`).
+    slice beyond its shape (:class:`~xlarun.runtimes.torchtpu.TpuSlice`). ``megascale`` holds the
+    settings that join several TPU slices into one job (:mod:`~xlarun.runtimes.megascale`), None for one.
     """
 
     device: str
@@ -109,6 +111,7 @@ class XlaOptions:
     release: Release = NEWEST
     local_units: int | None = None
     tpu_slice: TpuSlice | None = None
+    megascale: MegaScale | None = None
 
     def __post_init__(self) -> None:
         if self.virtual_devices is not None and self.device != "cpu":
@@ -145,11 +148,15 @@ def xla_env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[
     if options.runtime == "xrt":
         return xrt.env(options, node, local_rank)
     if options.runtime in _NATIVE_ENV:
-        return _NATIVE_ENV[options.runtime](options, node, local_rank)
-    variables = pjrt.env(options, node, local_rank)
-    device_env = _PJRT_DEVICE_ENV.get(options.device)
-    if device_env is not None:
-        variables.update(device_env(options, node, local_rank))
+        variables = _NATIVE_ENV[options.runtime](options, node, local_rank)
+    else:
+        variables = pjrt.env(options, node, local_rank)
+        device_env = _PJRT_DEVICE_ENV.get(options.device)
+        if device_env is not None:
+            variables.update(device_env(options, node, local_rank))
+    if options.megascale is not None:
+        # libtpu joins the slices, under torch_xla and TorchTPU alike.
+        variables.update(options.megascale.variables(node.master_addr))
     return variables
 
 

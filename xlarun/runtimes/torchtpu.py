@@ -39,6 +39,12 @@ machine; nothing here ran on a TPU):
   store in ``/dev/shm`` (otherwise it warns "Node-local store disabled"); torch_tpu's recipe never
   sets it.
 
+- Several slices (multislice, :mod:`~xlarun.runtimes.megascale`): the slice builder joins one slice's
+  chips, and MegaScale joins the slices. So the address list, the topology and the devices per host are
+  the slice's (:func:`this_slice`): its hosts only, as ``set_tpu_launch_env`` builds them from that
+  slice's ``TPU_WORKER_HOSTNAMES``; a worker takes entry ``RANK % len``, its own place in its slice
+  since node ranks count slice by slice. The profiling session is the job's, one for every slice.
+
 The address list is the one value that grows with the job, about 18 bytes a device: past Linux's
 limit for one variable at about 7,280 devices (:mod:`~xlarun.runtimes.limits`), where it is refused.
 """
@@ -52,6 +58,7 @@ from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes.limits import check_variable_size
+from xlarun.runtimes.megascale import MegaScale
 from xlarun.runtimes.tpu import TpuTopology
 
 if TYPE_CHECKING:
@@ -152,15 +159,16 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
     if node.world_size != node.nnodes * node.local_world_size:
         raise PlanError(f"TorchTPU runs as many workers on every host (rank r binds entry r of one list), but "
                         f"{node.world_size} workers on {node.nnodes} nodes are not {node.local_world_size} each")
+    first, hosts = this_slice(node, options.megascale)
     if node.worker_ports:
         addresses = ",".join(f"localhost:{port}" for port in node.worker_ports)
     else:
-        addresses = slice_addresses(node, facts)
-    check_variable_size(ADDRESSES, addresses, f"{node.world_size} devices on {node.nnodes} hosts")
+        addresses = slice_addresses(node, facts, first, hosts)
+    check_variable_size(ADDRESSES, addresses, f"{hosts * node.local_world_size} devices on {hosts} hosts")
     variables = {ADDRESSES: addresses, DEVICES_PER_HOST: str(node.local_world_size),
                  SESSION_ID: str(node.job_started_ns)}
     shape = options.tpu_topology
-    if node.nnodes == 1:
+    if hosts == 1:
         variables[TOPOLOGY] = single_host_topology(facts.chip, node.local_world_size)
         return variables
     if shape is not None and node.local_world_size != shape.chips_per_host * facts.devices_per_chip:
@@ -173,24 +181,51 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
     return variables
 
 
-def slice_addresses(node: NodeAssignment, facts: TpuSlice) -> str:
-    """The list across hosts: ``<host>:<base + i>``, host-major in node-rank order, the same on every host.
+def this_slice(node: NodeAssignment, joined: MegaScale | None) -> tuple[int, int]:
+    """The first node rank of this host's TPU slice and the slice's host count: the whole job for one slice.
 
-    Refuses a host whose number in the slice is not its node rank, a ``TPU_WORKER_HOSTNAMES`` that
-    names another count of hosts, and IPv6 literals (an entry must split on ``:`` in two).
+    Several slices (``joined``) split the nodes into as many hosts each, slice s holding node ranks
+    s × hosts per slice onwards (:func:`~xlarun.runtimes.megascale.node_rank`). The slice builder
+    joins one slice's chips, so its address list and topology are the slice's; MegaScale joins the
+    slices. Refuses nodes that do not split evenly and a node rank outside its slice's.
     """
+    if joined is None:
+        return 0, node.nnodes
+    if node.nnodes % joined.slices:
+        raise PlanError(f"{node.nnodes} nodes do not make {joined.slices} TPU slices of as many hosts each: every "
+                        "slice of a multislice job must have as many hosts")
+    hosts = node.nnodes // joined.slices
+    first = joined.slice_id * hosts
+    if not first <= node.node_rank < first + hosts:
+        raise PlanError(f"node rank {node.node_rank} is not one of slice {joined.slice_id}'s ({first} to "
+                        f"{first + hosts - 1}, {hosts} hosts a slice): the node rank must be slice id x hosts "
+                        "per slice + the host's worker number")
+    return first, hosts
+
+
+def slice_addresses(node: NodeAssignment, facts: TpuSlice, first: int = 0, hosts: int | None = None) -> str:
+    """The list of this host's slice, the ``hosts`` nodes from node rank ``first`` (every node by default):
+    ``<host>:<base + i>``, host-major in node-rank order, the same on every host of the slice.
+
+    Refuses a host whose number in the slice is not its node rank's place in it, a
+    ``TPU_WORKER_HOSTNAMES`` that names another count of hosts, and IPv6 literals (an entry must split
+    on ``:`` in two).
+    """
+    hosts = node.nnodes if hosts is None else hosts
     if len(node.hosts) != node.nnodes:
         raise PlanError(f"TorchTPU's address list needs the addresses of all {node.nnodes} nodes, "
                         "which only a rendezvous learns")
-    if facts.worker is not None and facts.worker != node.node_rank:
+    if facts.worker is not None and facts.worker != node.node_rank - first:
         raise PlanError(f"this host is worker {facts.worker} of its TPU slice but node rank {node.node_rank}: "
-                        "libtpu maps task ids to chips, so the node rank must be the slice's worker number")
-    if facts.worker_hostnames and len(facts.worker_hostnames) != node.nnodes:
-        raise PlanError(f"TPU_WORKER_HOSTNAMES names {len(facts.worker_hostnames)} hosts, but {node.nnodes} "
-                        "nodes joined the job")
-    literal = next((host for host in node.hosts if ":" in host), None)
+                        "libtpu maps task ids to chips, so the node rank must be the slice's worker number"
+                        + (f" after the {first} hosts of the slices before it" if first else ""))
+    if facts.worker_hostnames and len(facts.worker_hostnames) != hosts:
+        raise PlanError(f"TPU_WORKER_HOSTNAMES names {len(facts.worker_hostnames)} hosts, but {hosts} "
+                        + ("nodes joined the job" if hosts == node.nnodes else "nodes make a slice"))
+    slice_hosts = node.hosts[first:first + hosts]
+    literal = next((host for host in slice_hosts if ":" in host), None)
     if literal is not None:
         raise PlanError(f"TorchTPU splits each address on ':' in two, so node address {literal} cannot be one: "
                         "give the nodes IPv4 addresses or names")
-    return ",".join(f"{host}:{facts.base_port + index}" for host in node.hosts
+    return ",".join(f"{host}:{facts.base_port + index}" for host in slice_hosts
                     for index in range(node.local_world_size))
