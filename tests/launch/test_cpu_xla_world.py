@@ -49,12 +49,14 @@ def test_torch_xla_join_of_two_cpu_processes_is_explained(device_flags: list[str
 
 
 @pytest.mark.parametrize("device_flags", [[], ["--device", "cpu"]], ids=["detected", "given"])
-def test_split_world_is_named_whichever_worker_failed_first(device_flags: list[str]) -> None:
+def test_split_world_is_named_whichever_worker_failed_first(tmp_path: Path, device_flags: list[str]) -> None:
     # torch_xla's own torchrun test has this shape: each test joins in setUp. The process that
-    # serves the store fails the world's checks, usually first; the other fails to bind the port.
+    # serves the store fails the world's checks first; the other fails to bind the port.
     result = run_xlarun("--nproc-per-node", "2", "--master-port", free_port(), *device_flags,
-                        worker("xla_join_unittest.py"))
+                        worker("xla_join_unittest.py"), tmp_path)
     assert result.returncode == 1
+    root_cause = result.stderr[result.stderr.index("Root Cause"):]
+    assert "AssertionError" in root_cause and "EADDRINUSE" not in root_cause  # the process serving the store
     assert "EADDRINUSE" in result.stderr  # what the worker that could not serve the store wrote
     [cause] = [line for line in xlarun_lines(result.stderr) if "took itself for rank 0" in line]
     assert result.stderr.index(cause) > result.stderr.index("Root Cause")
