@@ -124,3 +124,56 @@ def test_cluster_settings_that_do_not_fit_are_a_usage_error():
     assert run.returncode == 2
     [line] = run.stderr.splitlines()
     assert line.startswith("xlarun: error: ") and "--ntasks-per-node=1" in line
+
+
+# ---- TPU multislice (MegaScale) on GKE: a JobSet of 2 slices x 2 hosts
+
+MEGASCALE = ("MEGASCALE_COORDINATOR_ADDRESS", "MEGASCALE_NUM_SLICES", "MEGASCALE_SLICE_ID")
+
+
+def multislice_pod(slice_id: int, worker: int, **changes: str) -> dict[str, str]:
+    """The environment of worker ``worker`` of slice ``slice_id`` in the recorded JobSet, ``changes`` applied."""
+    environ = {**cluster_env("gke_tpu_multislice_slice1_worker0"), "MEGASCALE_SLICE_ID": str(slice_id),
+               "TPU_WORKER_ID": str(worker),
+               "TPU_WORKER_HOSTNAMES": f"llama-slice-{slice_id}-0.llama,llama-slice-{slice_id}-1.llama", **changes}
+    return {name: value for name, value in environ.items() if value}
+
+
+@pytest.mark.parametrize("changes, flags, coordinator", [
+    ({}, (), "llama-slice-0-0.llama:8080"),
+    # No coordinator: node 0 is it, at MegaScale's default port; slices past 0 are given node 0's address.
+    ({"MEGASCALE_COORDINATOR_ADDRESS": ""}, ("--master-addr", "llama-slice-0-0.llama"), "llama-slice-0-0.llama:8080"),
+    ({"MEGASCALE_COORDINATOR_ADDRESS": "", "MEGASCALE_PORT": "8081"}, ("--master-addr", "llama-slice-0-0.llama"),
+     "llama-slice-0-0.llama:8081"),
+])
+def test_the_four_hosts_of_a_gke_multislice_job_plan_one_job(changes, flags, coordinator):
+    plans = [plan("--cluster", "gke-tpu", "--device", "tpu", "--nproc-per-node", "4", *flags, SCRIPT,
+                  env=multislice_pod(slice_id, worker, **changes))
+             for slice_id in (0, 1) for worker in (0, 1)]
+    assert [document["node_rank"] for document in plans] == [0, 1, 2, 3]
+    assert {(tuple(document["nnodes"]), document["master_addr"], document["run_id"]) for document in plans} == {
+        ((4, 4), "llama-slice-0-0.llama", "none")}
+    assert [spec["rank"] for spec in plans[3]["workers"]] == [12, 13, 14, 15]
+    for index, document in enumerate(plans):
+        assert [{name: spec["env"][name] for name in MEGASCALE} for spec in document["workers"]] == [
+            {"MEGASCALE_COORDINATOR_ADDRESS": coordinator, "MEGASCALE_NUM_SLICES": "2",
+             "MEGASCALE_SLICE_ID": str(index // 2)}] * 4
+
+
+@pytest.mark.parametrize("changes, complaint", [
+    ({"MEGASCALE_COORDINATOR_ADDRESS": "llama-slice-0-0.llama"},
+     "MEGASCALE_COORDINATOR_ADDRESS='llama-slice-0-0.llama' has no port"),
+    ({"MEGASCALE_SLICE_ID": "2"}, "MEGASCALE_SLICE_ID=2 is outside"),
+    ({"SKIP_MEGASCALE_PJRT_CLIENT": "1"}, "SKIP_MEGASCALE_PJRT_CLIENT is set"),
+])
+@pytest.mark.parametrize("dry_run", [True, False], ids=["dry-run", "launch"])
+def test_a_gke_multislice_job_xlarun_cannot_plan_is_refused_in_one_line(changes, complaint, dry_run, tmp_path):
+    marker = tmp_path / "started"
+    script = tmp_path / "train.py"
+    script.write_text(f"open({str(marker)!r}, 'w')\n")
+    result = run_xlarun("--cluster", "gke-tpu", "--device", "tpu", *(["--dry-run"] if dry_run else []), script,
+                        env=multislice_pod(1, 0, **changes))
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1, result.stderr
+    assert lines[0].startswith(f"xlarun: error: --cluster gke-tpu: {complaint}"), result.stderr
+    assert not marker.exists()

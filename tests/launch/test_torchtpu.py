@@ -259,3 +259,69 @@ def test_torchneuron_without_its_package_is_refused_in_one_line(tmp_path: Path) 
                              "this Python\n")
     assert not (tmp_path / "ran").exists()
 
+
+
+# --- several slices (MegaScale) ------------------------------------------------------------------------
+
+def multislice_tpu_env(slice_id: int) -> str:
+    """The ``tpu-env`` of a host of slice ``slice_id`` in a queued resource of two v4-16 slices, whose
+    coordinator is slice 0's worker 0 (127.0.0.1) at MegaScale's port."""
+    from metadata import V4_16_TPU_ENV
+
+    return (V4_16_TPU_ENV + f"MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '{slice_id}'\n"
+            "MEGASCALE_COORDINATOR_ADDRESS: '127.0.0.1:8080'\n")
+
+
+@needs_torch_tpu
+def test_two_slices_of_two_tpu_vms_each_get_their_slices_list_and_the_jobs_megascale_settings(
+        nodes: Nodes, port: int) -> None:
+    slices = [["127.0.0.1", "127.0.0.2"], ["127.0.0.3", "127.0.0.4"]]
+    base = free_base_port(*slices[0], *slices[1])
+    attributes = [slice_attributes(worker, ips, multislice_tpu_env(slice_id))
+                  for slice_id, ips in enumerate(slices) for worker in range(2)]
+    with serve_metadata(attributes[0]) as vm0, serve_metadata(attributes[1]) as vm1, \
+            serve_metadata(attributes[2]) as vm2, serve_metadata(attributes[3]) as vm3:
+        started = [nodes.start("--cluster", "tpu-vm", "--master-port", port, "--local-addr", ip,
+                               "--nproc-per-node", "auto", worker("tpu_address.py"),
+                               env={**V4_HOST, "GCE_METADATA_HOST": vm.host, "TORCH_TPU_BASE_PORT": str(base),
+                                    "DUMP_DIR": str(nodes.out_dir)})
+                   for ip, vm in zip(slices[0] + slices[1], (vm0, vm1, vm2, vm3), strict=True)]
+        runs = nodes.finish_all(started)
+    assert [run.returncode for run in runs] == [0, 0, 0, 0], both(runs)
+    found = records(nodes.out_dir)
+    assert len(found) == 16
+    by_host = {record["bound"].split(":")[0]: record["env"] for record in found}
+    assert [by_host[ip]["GROUP_RANK"] for ip in slices[0] + slices[1]] == ["0", "1", "2", "3"]
+    assert {record["env"]["MASTER_ADDR"] for record in found} == {"127.0.0.1"}
+    megascale = {(record["env"]["MEGASCALE_COORDINATOR_ADDRESS"], record["env"]["MEGASCALE_NUM_SLICES"])
+                 for record in found}
+    assert megascale == {("127.0.0.1:8080", "2")}
+    assert len({record["env"]["TORCH_TPU_XPROF_SESSION_ID"] for record in found}) == 1  # the job's, every slice's
+    for slice_id, ips in enumerate(slices):
+        mine = [record["env"] for record in found if record["bound"].split(":")[0] in ips]
+        assert {env["MEGASCALE_SLICE_ID"] for env in mine} == {str(slice_id)}
+        assert {env["TORCH_TPU_TOPOLOGY"] for env in mine} == {"2,2,2"}  # one v4-16 slice's, not the job's
+        # torch_tpu builds one slice's list from that slice's hosts: the slice builder joins one slice's chips.
+        theirs = torch_tpu_launch_env(TPU_WORKER_HOSTNAMES=",".join(ips), TORCH_TPU_BASE_PORT=str(base),
+                                      TORCH_TPU_DEVICES_PER_HOST="4", NODE_RANK="0")
+        assert {env["TORCH_TPU_SLICEBUILDER_ADDRESSES"] for env in mine} == {
+            theirs["TORCH_TPU_SLICEBUILDER_ADDRESSES"]}
+
+
+@pytest.mark.parametrize("tpu_env, complaint", [
+    ("MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '0'\nMEGASCALE_COORDINATOR_ADDRESS: '127.0.0.1'\n",
+     "MEGASCALE_COORDINATOR_ADDRESS='127.0.0.1' has no port"),
+    ("MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '2'\n", "MEGASCALE_SLICE_ID=2 is outside"),
+])
+def test_a_multislice_tpu_env_xlarun_cannot_plan_is_refused_in_one_line(tpu_env: str, complaint: str,
+                                                                        tmp_path: Path) -> None:
+    from metadata import V4_16_TPU_ENV
+
+    with serve_metadata(slice_attributes(0, ["127.0.0.1", "127.0.0.2"], V4_16_TPU_ENV + tpu_env)) as vm:
+        result = run_xlarun("--cluster", "tpu-vm", "--runtime", "torchtpu", "--nproc-per-node", "4",
+                            worker("tpu_address.py"),
+                            env={**V4_HOST, "GCE_METADATA_HOST": vm.host, "DUMP_DIR": str(tmp_path)})
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"xlarun: error: --cluster tpu-vm: {complaint}"), result.stderr
+    assert not list(tmp_path.iterdir())
