@@ -20,8 +20,9 @@ group to the pipe itself. The new process holds the pipe's write end until its e
 (``O_CLOEXEC``), so the guard cannot see end-of-file before the group's line: a launcher killed at
 any moment of a start leaves no worker behind. Had the launcher told the guard once the start
 returned, a launcher killed between the fork and that message left a worker running for good.
-The price: with a ``preexec_fn`` Python forks instead of using ``vfork``, about a millisecond
-per worker, against the tens of milliseconds a worker's Python takes to start. ``enlist`` is safe
+The price: with a ``preexec_fn`` Python forks instead of using ``vfork`` and runs its after-fork
+hooks in the child, about a millisecond per worker on a quiet host and several on a loaded one,
+against the tens of milliseconds a worker's Python takes to start. ``enlist`` is safe
 in a launcher that runs threads (the console's, the heartbeat's): it calls only ``getpgrp``,
 ``signal`` and ``write`` and takes no lock that another thread could have held at the fork.
 ``PR_SET_PDEATHSIG`` instead would need ``ctypes`` in the child, and kills only the worker, not
