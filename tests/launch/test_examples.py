@@ -377,3 +377,39 @@ def test_hf_trainer_fsdp_v2_trains_sharded_over_four_cpu_devices(tmp_path: Path)
     assert report["devices"] == 4
     assert report["q_proj_sharding"] == "{devices=[4,1]0,1,2,3}"
     assert math.isfinite(report["train_loss"]) and report["train_loss"] > 0
+
+
+# ---- GKE, multislice JobSet
+
+GKE_MULTISLICE_JOBSET = EXAMPLES / "gke-tpu-multislice-jobset.yaml"
+
+
+def test_gke_multislice_jobset_plans_its_hosts_slice_by_slice_with_one_coordinator() -> None:
+    jobset = by_kind(GKE_MULTISLICE_JOBSET)["JobSet"]
+    name = jobset["metadata"]["name"]
+    (replicated,) = jobset["spec"]["replicatedJobs"]
+    slices, job = replicated["replicas"], replicated["template"]["spec"]
+    hosts = job["parallelism"]
+    pod = job["template"]["spec"]
+    (container,) = pod["containers"]
+    env = {item["name"]: item for item in container["env"]}
+    assert env["MEGASCALE_SLICE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
+        "metadata.labels['jobset.sigs.k8s.io/job-index']")
+    assert env["MEGASCALE_NUM_SLICES"]["value"] == str(slices)
+    coordinator = env["MEGASCALE_COORDINATOR_ADDRESS"]["value"]
+    slice_0_pod_0 = f"{name}-{replicated['name']}-0-0.{name}"
+    assert coordinator.startswith(f"{slice_0_pod_0}:")
+    chips = int(container["resources"]["limits"]["google.com/tpu"])
+    plans = []
+    for slice_id in range(slices):
+        names = [f"{name}-{replicated['name']}-{slice_id}-{index}.{name}" for index in range(hosts)]
+        for worker_id in range(hosts):
+            plans.append(dry_run(container_command(container), {
+                **recorded_environ("gke_tpu_multislice_slice1_worker0"), "TPU_WORKER_ID": str(worker_id),
+                "TPU_WORKER_HOSTNAMES": ",".join(names), "MEGASCALE_SLICE_ID": str(slice_id),
+                "MEGASCALE_NUM_SLICES": str(slices), "MEGASCALE_COORDINATOR_ADDRESS": coordinator}))
+    assert [plan["node_rank"] for plan in plans] == list(range(slices * hosts))
+    assert {plan["master_addr"] for plan in plans} == {slice_0_pod_0}
+    assert {worker["env"]["MEGASCALE_COORDINATOR_ADDRESS"] for plan in plans for worker in plan["workers"]} == {
+        coordinator}
+    assert all(plan["world_size"] == slices * hosts * chips for plan in plans)
