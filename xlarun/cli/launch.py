@@ -85,13 +85,11 @@ def prepare_launch(given: Mapping[str, str | None], script: str | None, script_a
         check_virtual_local_rank(device, probe)  # refused before the guard or a rendezvous starts
     notices = [*device.notices, *check_device_plan(device, probe)]
     split = cpu_split_world(device, nproc, config.max_nodes)
-    # Told before the start whether the device was given or detected: an XLA program on a detected CPU
-    # would otherwise train split without a word. Detected, the job may not use XLA at all (gloo on a
-    # host that happens to have torch_xla), so the line opens with its condition. A run that fails on
-    # the split is told again after the report.
-    if split is not None:
-        device_given = request.device == "cpu" or environ.get("PJRT_DEVICE") == "CPU"
-        notices.append("warning: " + ("" if device_given else "if these processes use XLA: ") + split)
+    # Only an XLA run on CPU is told before it starts: where the device was merely detected, the job may
+    # not use XLA at all (every plain gloo job on a host that happens to have torch_xla would be warned).
+    # A run that then fails on the split is told after the report, whichever way the device was chosen.
+    if split is not None and (request.device == "cpu" or environ.get("PJRT_DEVICE") == "CPU"):
+        notices.append(f"warning: {split}")
     if omp_threads_default(nproc, environ) is not None:
         notices.append(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
                        "workers per node); set OMP_NUM_THREADS yourself to choose another value")
