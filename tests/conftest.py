@@ -32,10 +32,14 @@ TORCH_FREE = frozenset({
     "test_bad_input.py",
     "test_exit_codes.py",
     "test_faults.py",
+    "test_input_bounds.py",
+    "test_metadata.py",
     "test_orphans.py",
     "test_restarts.py",
     "test_signals.py",
+    "test_stalls.py",
     "test_untrusted_input.py",
+    "test_worker_hook.py",
 })
 """The launch files whose launchers and workers never import torch and whose outcome no installed
 package decides (a refusal made before the device plan, signals, exit codes, faults, orphans,
