@@ -235,6 +235,11 @@ def test_gke_tpu_multislice_numbers_the_nodes_slice_by_slice_with_node_0_at_the_
     assert detect_cluster("gke-tpu", fixture("gke_tpu_worker1", MEGASCALE_NUM_SLICES="1")).nnodes == 4
 
 
+def test_auto_finds_a_gke_multislice_job():
+    found = detect_cluster("auto", multislice_host(1, 1))
+    assert found is not None and (found.kind, found.node_rank, found.nnodes) == ("gke-tpu", 3, 4)
+
+
 def test_gke_tpu_multislice_without_a_coordinator_knows_node_0_on_slice_0_only():
     assert detect_cluster("gke-tpu", multislice_host(0, 1, MEGASCALE_COORDINATOR_ADDRESS=None)).master_addr == (
         "llama-slice-0-0.llama")

@@ -10,7 +10,7 @@ from xlarun.exceptions import UsageError
 from xlarun.host.ports import host_port
 from xlarun.planning import packages
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import XlaOptions, apply_user_precedence, coordinator_port, releases, tpu, xla_env
+from xlarun.runtimes import XlaOptions, apply_user_precedence, coordinator_port, megascale, releases, tpu, xla_env
 from xlarun.runtimes.tpu import TpuTopology
 
 MASTER_PORT = 29500
@@ -412,3 +412,56 @@ def test_preflight_accepts(device, runtime, installed):
 def test_preflight_on_this_python_accepts_cpu():
     # This environment pairs torch 2.9 with torch_xla 2.9 (or has no torch_xla at all).
     packages.preflight("cpu", "pjrt")
+
+
+# ---- MegaScale (several TPU slices)
+
+@pytest.mark.parametrize("address, split", [
+    ("coordinator.svc:8080", ("coordinator.svc", 8080)),
+    ("[fe80::1]:8081", ("fe80::1", 8081)),
+    ("coordinator.svc", ("coordinator.svc", None)),
+    ("fe80::1", ("fe80::1", None)),
+])
+def test_a_coordinator_address_splits_into_host_and_port(address, split):
+    assert megascale.split_port(address) == split
+
+
+def test_torch_xla_tpu_workers_get_the_megascale_settings_with_node_0_as_coordinator_by_default():
+    joined = megascale.MegaScale(slices=2, slice_id=1)
+    options = XlaOptions(device="tpu", runtime="pjrt", tpu_topology=V4_16, megascale=joined)
+    variables = xla_env(options, nodes(4, 4, 3, master_addr="slice0-host0"), 2)
+    assert {name: variables[name] for name in variables if name.startswith("MEGASCALE_")} == {
+        "MEGASCALE_COORDINATOR_ADDRESS": "slice0-host0:8080", "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1"}
+    assert variables["TPU_PROCESS_BOUNDS"] == "2,2,2"  # one slice's bounds: libtpu joins the slices
+    given = megascale.MegaScale(slices=2, slice_id=1, coordinator="coord:9000", port=9001)
+    assert given.variables("slice0-host0") == {"MEGASCALE_COORDINATOR_ADDRESS": "coord:9000",
+                                               "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1",
+                                               "MEGASCALE_PORT": "9001"}
+
+
+@pytest.mark.parametrize("environ, expected", [
+    ({}, None),
+    ({"MEGASCALE_NUM_SLICES": "1", "MEGASCALE_SLICE_ID": "7"}, None),
+    ({"MEGASCALE_NUM_SLICES": "3", "MEGASCALE_SLICE_ID": "2", "MEGASCALE_COORDINATOR_ADDRESS": "c:1"},
+     megascale.MegaScale(slices=3, slice_id=2, coordinator="c:1")),
+])
+def test_megascale_settings_are_read_for_several_slices_only(environ, expected):
+    assert megascale.read_megascale(environ) == expected
+
+
+@pytest.mark.parametrize("environ, message", [
+    ({"MEGASCALE_NUM_SLICES": "two"}, "MEGASCALE_NUM_SLICES='two' is not a whole number"),
+    ({"MEGASCALE_NUM_SLICES": "2"}, "MEGASCALE_SLICE_ID is unset"),
+    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "2"}, "MEGASCALE_SLICE_ID=2 is outside"),
+    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "c"},
+     "MEGASCALE_COORDINATOR_ADDRESS='c' has no port"),
+    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "c:0"},
+     "MEGASCALE_COORDINATOR_ADDRESS='c:0' has no port"),
+    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_PORT": "0"},
+     "MEGASCALE_PORT=0 is not a TCP port"),
+    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "SKIP_MEGASCALE_PJRT_CLIENT": "true"},
+     "SKIP_MEGASCALE_PJRT_CLIENT is set"),
+])
+def test_megascale_settings_libtpu_cannot_join_are_refused(environ, message):
+    with pytest.raises(UsageError, match="^" + re.escape(message)):
+        megascale.read_megascale(environ)

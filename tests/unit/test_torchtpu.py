@@ -7,9 +7,11 @@ topology table is read from its installed file where there is one.
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import importlib.util
 import json
+import re
 import shutil
 from pathlib import Path
 from types import ModuleType
@@ -17,11 +19,11 @@ from types import ModuleType
 import pytest
 from helpers import TESTS, prepare, refusal
 
-from xlarun.exceptions import UsageError
+from xlarun.exceptions import PlanError, UsageError
 from xlarun.planning import packages
 from xlarun.planning.dryrun import plan_document
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import XlaOptions, torchtpu, xla_env
+from xlarun.runtimes import XlaOptions, megascale, torchtpu, xla_env
 from xlarun.runtimes.torchtpu import TpuSlice
 from xlarun.runtimes.tpu import TpuTopology
 
@@ -279,3 +281,55 @@ def test_torchneuron_plans_one_worker_per_logical_neuroncore() -> None:
         prepared = prepare("--dry-run", "--runtime", "torchneuron", "--nproc-per-node", "auto", "t.py",
                            env={"XLARUN_HOST_ROOT": str(HOSTS / host)})
         assert (prepared.device.device, prepared.config.nproc_per_node) == ("neuron", cores)
+
+
+# --- several slices (MegaScale) ----------------------------------------------------------------------
+
+TWO_SLICES = ("10.0.0.1", "10.0.0.2", "10.0.1.1", "10.0.1.2")
+
+
+def test_each_slice_gets_its_own_hosts_list_and_topology_and_the_job_one_session() -> None:
+    plans = []
+    for node_rank in range(4):
+        options = XlaOptions("tpu", "torchtpu", tpu_topology=V4_16, tpu_slice=TpuSlice(chip="0x005e"),
+                             megascale=megascale.MegaScale(slices=2, slice_id=node_rank // 2))
+        plans.append(xla_env(options, across(TWO_SLICES, 4, node_rank), 1))
+    for node_rank, variables in enumerate(plans):
+        slice_hosts = TWO_SLICES[node_rank // 2 * 2:][:2]
+        assert variables["TORCH_TPU_SLICEBUILDER_ADDRESSES"] == ",".join(
+            f"{host}:{8070 + index}" for host in slice_hosts for index in range(4))
+        assert variables["TORCH_TPU_TOPOLOGY"] == "2,2,2"
+        assert variables["MEGASCALE_COORDINATOR_ADDRESS"] == "10.0.0.1:8080"
+        assert variables["MEGASCALE_SLICE_ID"] == str(node_rank // 2)
+    assert len({variables["TORCH_TPU_XPROF_SESSION_ID"] for variables in plans}) == 1
+
+
+@pytest.mark.parametrize("nnodes, node_rank, slice_id, message", [
+    (3, 2, 1, "3 nodes do not make 2 TPU slices of as many hosts each"),
+    (4, 0, 1, "node rank 0 is not one of slice 1's (2 to 3, 2 hosts a slice)"),
+])
+def test_nodes_that_do_not_split_into_the_slices_are_refused(nnodes: int, node_rank: int, slice_id: int,
+                                                            message: str) -> None:
+    options = XlaOptions("tpu", "torchtpu", tpu_topology=V4_16, tpu_slice=TpuSlice(chip="0x005e"),
+                         megascale=megascale.MegaScale(slices=2, slice_id=slice_id))
+    with pytest.raises(PlanError, match=re.escape(message)):
+        xla_env(options, across(TWO_SLICES[:nnodes], 4, node_rank), 0)
+
+
+def test_the_megascale_rules_are_torch_tpus_own() -> None:
+    spec = importlib.util.find_spec("torch_tpu")
+    if spec is None or not spec.submodule_search_locations:
+        pytest.skip("torch_tpu is not installed in this Python (the .venv stack): its rules cannot be read")
+    text = (Path(list(spec.submodule_search_locations)[0]) / "_internal" / "distributed" / "device_mesh.py").read_text()
+    # Its messages as the parser joins their adjacent literals (an f-string's fixed parts, in order).
+    messages = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            messages.append(node.value)
+        elif isinstance(node, ast.JoinedStr):
+            messages.append("".join(str(part.value) for part in node.values if isinstance(part, ast.Constant)))
+    said = "\n".join(messages)
+    assert f"Give the coordinator address a port, e.g. <MASTER_ADDR>:{megascale.DEFAULT_PORT}" in said
+    assert f"libtpu sets --megascale_port to {megascale.PORT} once {megascale.COORDINATOR}, {megascale.SLICE_ID} " \
+           f"and {megascale.NUM_SLICES} are set" in said
+    assert f"{megascale.SKIP_CLIENT} is unset; do not set it at launch" in said

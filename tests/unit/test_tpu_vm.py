@@ -101,6 +101,51 @@ def test_torchtpu_workers_get_the_slices_topology_and_the_worker_number_checked(
     assert "this host is worker 1 of its TPU slice but node rank 0" in mismatch
 
 
+MULTISLICE_TPU_ENV = "MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '{slice_id}'\nMEGASCALE_PORT: '8081'\n"
+"""The ``tpu-env`` keys of a host of a queued resource of two slices, without a coordinator."""
+SLICE_1_IPS = ["10.130.1.2", "10.130.1.3"]
+
+
+def test_a_multislice_tpu_env_places_the_host_slice_by_slice_and_its_workers_get_the_megascale_settings() -> None:
+    from metadata import V4_16_TPU_ENV
+
+    tpu_env = V4_16_TPU_ENV + MULTISLICE_TPU_ENV.format(slice_id=1)
+    with serve_metadata(slice_attributes(1, SLICE_1_IPS, tpu_env)) as served:
+        settings = detect_cluster("tpu-vm", {"GCE_METADATA_HOST": served.host})
+        env = {"GCE_METADATA_HOST": served.host, "XLARUN_HOST_ROOT": V4_HOST}
+        prepared = prepare("--cluster", "tpu-vm", "--runtime", "torchtpu", "--nproc-per-node", "auto",
+                           "--master-addr", "10.130.0.2", "--dry-run", "t.py", env=env)
+        without_master = refusal("--cluster", "tpu-vm", "--dry-run", "t.py", env=env)
+    assert (settings.nnodes, settings.node_rank, settings.master_addr) == (4, 3, None)
+    assert settings.read_from["node_rank"] == "MEGASCALE_NUM_SLICES, MEGASCALE_SLICE_ID, agent-worker-number"
+    assert "cannot tell where node 0 runs" in without_master
+    hosts = ("10.130.0.2", "10.130.0.3", *SLICE_1_IPS)
+    node = NodeAssignment(run_id="job", node_rank=3, nnodes=4, local_world_size=4, rank_offset=12, world_size=16,
+                          master_addr="10.130.0.2", master_port=29500, hosts=hosts, job_started_ns=7)
+    variables = prepared.device.variables(node, 0)
+    # The workers get the settings the metadata holds, which the launcher's environment lacks, and the
+    # coordinator at node 0 on MEGASCALE_PORT.
+    assert {name: value for name, value in variables.items() if name.startswith("MEGASCALE_")} == {
+        "MEGASCALE_COORDINATOR_ADDRESS": "10.130.0.2:8081", "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1", "MEGASCALE_PORT": "8081"}
+    # The slice builder joins this slice's chips: the list names its two hosts, the topology is its own.
+    assert variables["TORCH_TPU_SLICEBUILDER_ADDRESSES"] == ",".join(
+        f"{ip}:{8070 + index}" for ip in SLICE_1_IPS for index in range(4))
+    assert variables["TORCH_TPU_TOPOLOGY"] == "2,2,2"
+
+
+@pytest.mark.parametrize(("tpu_env", "message"), [
+    ("MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '0'\nMEGASCALE_COORDINATOR_ADDRESS: '10.130.0.2'\n",
+     "MEGASCALE_COORDINATOR_ADDRESS='10.130.0.2' has no port"),
+    ("MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '5'\n", "MEGASCALE_SLICE_ID=5 is outside"),
+    ("MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '0'\nMEGASCALE_COORDINATOR_ADDRESS: 'a b:1'\n",
+     "tpu-env's MEGASCALE_COORDINATOR_ADDRESS='a b:1' is not an address"),
+])
+def test_a_multislice_tpu_env_xlarun_cannot_plan_is_one_line(tpu_env: str, message: str) -> None:
+    with serve_metadata(slice_attributes(0, IPS, tpu_env)) as served:
+        assert refusal("--cluster", "tpu-vm", "--dry-run", "t.py",
+                       env={"GCE_METADATA_HOST": served.host}).startswith(f"--cluster tpu-vm: {message}")
+
 
 @pytest.mark.parametrize(("behaviour", "message"), [
     ("drip", "did not answer agent-worker-number within 0.5 s"),
