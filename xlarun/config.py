@@ -212,6 +212,8 @@ class LaunchConfig:
     virtual_local_rank: bool = False
     """Every worker gets ``LOCAL_RANK=0`` and only its own device in ``CUDA_VISIBLE_DEVICES``."""
     summary_file: str | None = None
+    event_log: str | None = None
+    """``--event-log``: the file the run's events are appended to as JSON lines, ``-`` for stderr."""
     hang_timeout: float | None = None
     """Seconds without progress and CPU after which a node's workers count as hung (None: not watched)."""
     dry_run: bool = False

@@ -37,8 +37,9 @@ from xlarun.planning.environment import check_virtual_local_rank, omp_threads_de
 from xlarun.planning.packages import followed_torchrun, installed_version
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous, multi_node_rendezvous
-from xlarun.supervision.agent import Agent
+from xlarun.supervision.agent import EVENTS_FLUSH_S, Agent
 from xlarun.supervision.end import RunEnd
+from xlarun.supervision.events import NO_EVENTS, EventBus, Sink, trace_id_of
 
 
 @dataclass(frozen=True)
@@ -104,19 +105,54 @@ def launch_from_command_line(given: Mapping[str, str | None], script: str | None
     prepared = prepare_launch(given, script, script_args, environ)
     if prepared.config.dry_run:
         return print_plan(prepared, environ)
-    if not prepared.config.allow_busy_device:
-        refuse_busy_device(prepared.device.device, environ)
-    rendezvous = choose_rendezvous(prepared.config, prepared.device, environ)
-    check_command(prepared.config)
+    events = open_events(prepared, environ)
+    try:
+        if not prepared.config.allow_busy_device:
+            refuse_busy_device(prepared.device.device, environ)
+        rendezvous = choose_rendezvous(prepared.config, prepared.device, environ)
+        check_command(prepared.config)
+    except (LaunchError, UsageError) as error:
+        events.emit("preflight.refused", 0, reason=str(error))
+        events.emit("launch.finished", 0, **{"process.exit.code": error.exit_code}, result="refused",
+                    root_cause=None)
+        events.close(EVENTS_FLUSH_S)
+        raise
     for notice in prepared.notices:
         say(notice)
 
     def variables_for(node: NodeAssignment, local_rank: int, error_file: str) -> dict[str, str]:
         return worker_variables(prepared.config, node, local_rank, prepared.device, environ, error_file)
 
-    end = Agent(prepared.config, rendezvous, environ, variables_for).run()
+    end = Agent(prepared.config, rendezvous, environ, variables_for, events).run()
     explain_split_world_failure(end, prepared)
     return end.exit_code
+
+
+def event_sinks(config: LaunchConfig) -> list[Sink]:
+    """Where the run's events go: the sinks the options ask for, none by default."""
+    sinks: list[Sink] = []
+    if config.event_log:
+        from xlarun.supervision.eventlog import JsonLinesSink  # loaded only with --event-log
+
+        try:
+            sinks.append(JsonLinesSink.open(config.event_log))
+        except OSError as error:
+            raise UsageError(f"{flag('event_log')} {config.event_log}: cannot open it: "
+                             f"{error.strerror or error}") from None
+    return sinks
+
+
+def open_events(prepared: PreparedLaunch, environ: Mapping[str, str]) -> EventBus:
+    """The run's event bus, its first event emitted: :data:`NO_EVENTS` (no thread, nothing to pay) without sinks."""
+    sinks = event_sinks(prepared.config)
+    if not sinks:
+        return NO_EVENTS
+    config = prepared.config
+    bus = EventBus(sinks, run_id=config.rdzv_id, node_rank=config.node_rank if config.rdzv_backend == "static" else None,
+                   trace_id=trace_id_of(environ))
+    bus.emit("launch.started", 0, nnodes=config.max_nodes, min_nodes=config.min_nodes,
+             nproc_per_node=config.nproc_per_node, device=prepared.device.device, runtime=prepared.device.runtime)
+    return bus
 
 
 def explain_split_world_failure(end: RunEnd, prepared: PreparedLaunch) -> None:

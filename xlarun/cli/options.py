@@ -190,6 +190,18 @@ def parse_summary_file(path: str) -> str:
     return path
 
 
+def parse_event_log(path: str) -> str:
+    """``-``, or a path whose directory exists (the file is created, or appended to, at the start)."""
+    if path == "-":
+        return path
+    if not path or os.path.isdir(path):
+        raise InvalidValue("a directory" if path else "empty")
+    parent = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(parent):
+        raise InvalidValue(f"{parent} is not a directory")
+    return path
+
+
 class Choice:
     """A parser that takes one of ``choices``; shell completion offers them."""
 
@@ -377,6 +389,12 @@ OPTIONS: tuple[Option, ...] = (
     _xlarun(("--summary-file", "--summary_file"), "Write a JSON record of the run for CI: result, exit_code, "
                                                   "root_cause, attempts.",
             parse_summary_file, allowed="give a path to the JSON file to write", metavar="PATH"),
+    _xlarun(("--event-log", "--event_log"), "Write the run's events as JSON lines, as they happen (- for stderr): "
+                                            "the launch, each rendezvous, each worker's start and exit, restarts, "
+                                            "lost nodes, hangs, the end. A sink that cannot keep up costs events, "
+                                            "counted as events_dropped in the summary, never the run.",
+            parse_event_log, allowed="give a path to the file to append to, or - for stderr",
+            variable="XLARUN_EVENT_LOG", metavar="PATH"),
     _xlarun(("--device",), "XLA device, the workers' PJRT_DEVICE. auto: PJRT_DEVICE if set, else this host's TPU "
                            "chips, Neuron devices or NVIDIA GPUs, else cpu.", choice(DEVICES), "auto",
             one_of(DEVICES), variable="XLARUN_DEVICE", metavar=_choices(DEVICES)),

@@ -58,7 +58,7 @@ own ``token`` and, under static with several nodes, ``join_timeout``, ``heartbea
 
 # Fields whose value is the option's parsed value, unchanged.
 _TAKEN_AS_PARSED = ("rdzv_conf", "max_restarts", "local_addr", "log_dir", "redirects", "tee", "local_ranks_filter",
-                    "shutdown_timeout", "signals_to_handle", "virtual_local_rank", "summary_file", "dry_run",
+                    "shutdown_timeout", "signals_to_handle", "virtual_local_rank", "summary_file", "event_log", "dry_run",
                     "allow_busy_device", "hang_timeout")
 
 

@@ -17,26 +17,30 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from xlarun.config import LaunchConfig
 from xlarun.console import say
+from xlarun.contract import read_error_file
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord, signal_name, stderr_excerpt
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import JobEnded, NodeStacks, Rendezvous
 from xlarun.supervision.end import HangCause, RootCause, RunEnd
+from xlarun.supervision.events import NO_EVENTS, EventBus
 from xlarun.supervision.group import GroupOutcome, Hang, WorkerGroup, WorkerResult
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.logs import make_run_log_dir, plan_attempt_logs, plan_worker_logs
 from xlarun.supervision.process import WorkerSpec
 from xlarun.supervision.relay import step_log_on
-from xlarun.supervision.report import RunSummary, failure_of, print_root_cause
+from xlarun.supervision.report import RunSummary, failure_of, print_root_cause, root_cause_record
 from xlarun.supervision.signals import SUSPEND_SIGNAL, SignalInbox, suspend_self
 
 T = TypeVar("T")
@@ -48,8 +52,12 @@ WorkerVariables = Callable[[NodeAssignment, int, str], Mapping[str, str]]
 
 class Agent:
     def __init__(self, config: LaunchConfig, rendezvous: Rendezvous, environ: Mapping[str, str],
-                 variables_for: WorkerVariables):
+                 variables_for: WorkerVariables, events: EventBus = NO_EVENTS):
         self.config = config
+        self.events = events
+        """Where the run's events go; the agent closes it at the run's end, before the summary counts its drops."""
+        self._attempt = 0
+        """The attempt under way, as the events number it."""
         self.rendezvous = rendezvous
         self.environ = dict(environ)
         self.variables_for = variables_for
@@ -68,7 +76,7 @@ class Agent:
                 end = self._attempts(inbox, guard)
         except LaunchError as error:
             # The run ends in one line from the CLI; CI scripts still get their record.
-            self._write_summary(RunEnd.launcher_error(str(error), error.exit_code, self._root_cause))
+            self._finish(RunEnd.launcher_error(str(error), error.exit_code, self._root_cause))
             raise
         except UsageError:
             raise  # bad input found late (a --log-dir that is a file): one line, exit 2
@@ -79,21 +87,32 @@ class Agent:
             fault = LaunchError(f"internal error: {type(error).__name__}: {error}")
             if self._root_cause is not None:
                 fault.exit_code = self._root_cause.exit_status
-            self._write_summary(RunEnd.launcher_error(str(fault), fault.exit_code, self._root_cause))
+            self._finish(RunEnd.launcher_error(str(fault), fault.exit_code, self._root_cause))
             raise fault from error
         finally:
             guard.release()
             self.rendezvous.close()
-        self._write_summary(end)
+        self._finish(end)
         return end
 
-    def _write_summary(self, end: RunEnd) -> None:
+    def _finish(self, end: RunEnd) -> None:
+        """The run's last event, the event sinks flushed (within :data:`EVENTS_FLUSH_S`), then the summary file."""
+        events_dropped = None
+        if self.events.active:
+            root_cause = None if end.root_cause is None else root_cause_record(end.root_cause)
+            self.events.emit("launch.finished", self._attempt, **{"process.exit.code": end.exit_code},
+                             result=end.result, root_cause=root_cause)
+            self.events.close(EVENTS_FLUSH_S)
+            events_dropped = self.events.dropped
         if self.config.summary_file:
-            (self._summary or RunSummary(run_id=self.config.rdzv_id)).write(self.config.summary_file, end)
+            (self._summary or RunSummary(run_id=self.config.rdzv_id)).write(self.config.summary_file, end,
+                                                                            events_dropped)
 
     def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> RunEnd:
         attempt = restarts = 0
         while True:
+            began = time.monotonic()
+            self.events.emit("rendezvous.started", attempt, round=attempt)
             try:
                 node = wait_interruptibly(inbox, self.rendezvous.assign, attempt, self.config.nproc_per_node)
             except JobEnded as ended:
@@ -102,7 +121,10 @@ class Agent:
             if isinstance(node, Interrupted):
                 return self._stopped_by_signal(node.signal_number, "while waiting for the other nodes")
             # Several nodes number attempts for the whole job: a node that joins late takes the job's number.
-            attempt = node.restart_count
+            attempt = self._attempt = node.restart_count
+            self.events.identify(run_id=node.run_id, node_rank=node.node_rank)
+            self.events.emit("rendezvous.completed", attempt, round=attempt, members=node.nnodes,
+                             duration_s=round(time.monotonic() - began, 6))
             if self._summary is None:
                 self._summary = RunSummary(run_id=node.run_id)
                 self._run_dir = make_run_log_dir(self.config.log_dir, node.run_id)
@@ -110,8 +132,9 @@ class Agent:
             records: list[FailureRecord] = []
             group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.shutdown_timeout, guard=guard,
                                 on_failure=self._publisher(node, records), hang_timeout=self.config.hang_timeout,
-                                on_hang=self.rendezvous.announce_hang,
-                                on_stacks=self._stacks_publisher(node))
+                                on_hang=self._hang_announcer(attempt),
+                                on_stacks=self._stacks_publisher(node, attempt),
+                                on_start=self._start_events(attempt), on_exit=self._exit_events(attempt))
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
             self._summary.add_attempt(attempt, outcome.results, self.rendezvous.attempt_record())
@@ -124,9 +147,14 @@ class Agent:
                 return RunEnd.succeeded()
             attempt += 1
             if attempt_end.admitting:
+                self.events.emit("restart", attempt - 1, restarts_left=self.config.max_restarts - restarts,
+                                 admitting=True)
                 continue  # torchrun's rule: letting waiting nodes in spends no restart
             failures = self._failures(records, node)
             lost = attempt_end.lost_node
+            if lost is not None:
+                self.events.emit("node.lost", attempt - 1, node_rank=lost.node_rank, host=lost.host,
+                                 reason=lost.message)
             # A failure the lost node itself published came before it went silent: that stays the root cause.
             if lost is not None and failures and failures[0].node_rank == lost.node_rank:
                 lost = None
@@ -139,6 +167,8 @@ class Agent:
                     raise LaunchError(attempt_end.lost)
                 return self._fail(failures, outcome)
             restarts += 1
+            self.events.emit("restart", attempt - 1, restarts_left=self.config.max_restarts - restarts,
+                             admitting=False)
             if outcome.hang is not None:
                 how = f"hung ({outcome.hang.reason})"
                 if outcome.hang.positions:
@@ -156,18 +186,56 @@ class Agent:
         """Adds a local failure to this attempt's ``records`` the moment it is seen (so in the order
         the group saw them) and tells the other nodes (if any)."""
         def publish(result: WorkerResult) -> None:
+            if result.oom_killed:
+                self.events.emit("oom.killed", node.restart_count, rank=result.rank,
+                                 peak_rss_mib=result.peak_rss_mib)
             record = failure_of(result, node.node_rank, node.nnodes)
             records.append(record)
             self.rendezvous.publish_failure(record)
 
         return publish
 
-    def _stacks_publisher(self, node: NodeAssignment) -> Callable[[Hang], None]:
+    def _stacks_publisher(self, node: NodeAssignment, attempt: int) -> Callable[[Hang], None]:
         """Shares where this node's ranks stood in a hung attempt, the moment their stacks are taken."""
         def publish(hang: Hang) -> None:
+            self.events.emit("hang.stacks", attempt,
+                             stacks_files={str(rank): path for rank, path in hang.stacks_files.items()})
             self.rendezvous.publish_stacks(node_stacks(node, hang))
 
         return publish
+
+    def _hang_announcer(self, attempt: int) -> Callable[[str], None]:
+        """Tells the other nodes this node found the job hung."""
+        def announce(reason: str) -> None:
+            self.events.emit("hang.suspected", attempt, reason=reason)
+            self.rendezvous.announce_hang(reason)
+
+        return announce
+
+    def _start_events(self, attempt: int) -> Callable[[WorkerResult], None] | None:
+        if not self.events.active:
+            return None
+
+        def started(result: WorkerResult) -> None:
+            self.events.emit("worker.started", attempt, rank=result.rank, local_rank=result.local_rank,
+                             **{"process.pid": result.pid})
+
+        return started
+
+    def _exit_events(self, attempt: int) -> Callable[[WorkerResult, bool], None] | None:
+        if not self.events.active:
+            return None
+
+        def exited(result: WorkerResult, failed: bool) -> None:
+            number = result.signal_number  # a signal's end has no exit code, as in the summary file
+            recorded = read_error_file(result.error_file) if result.returncode else None
+            self.events.emit("worker.exited", attempt, rank=result.rank, local_rank=result.local_rank,
+                             **{"process.pid": result.pid, "process.exit.code": None if number else result.returncode,
+                                "error.type": recorded and error_type(recorded.message)},
+                             signal=signal_name(number) if number else None, expected=not failed,
+                             peak_rss_mib=result.peak_rss_mib, cpu_s=result.cpu_s)
+
+        return exited
 
     def _specs(self, node: NodeAssignment, attempt: int) -> list[WorkerSpec]:
         specs = []
@@ -224,6 +292,19 @@ class Agent:
     def _stopped_by_signal(self, number: int, when: str = "") -> RunEnd:
         say(f"received {signal_name(number)} {when or 'and stopped the workers'}")
         return RunEnd.signalled(number)
+
+
+EVENTS_FLUSH_S = 2.0
+"""How long the run's end waits for the event sinks to take what is queued: a sink that cannot
+(a stalled disk) costs its events, counted, not a late exit."""
+_EXCEPTION_TYPE = re.compile(r"([A-Za-z_][\w.]*):")
+"""torch's ``@record`` writes the message as ``f"{type(e).__name__}: {e}"``."""
+
+
+def error_type(message: str) -> str | None:
+    """The exception type an error file's message opens with (``ValueError: ...``), or None."""
+    match = _EXCEPTION_TYPE.match(message)
+    return match.group(1) if match else None
 
 
 STACKS_WAIT = 10.0

@@ -29,6 +29,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from xlarun.console import say
+
 SCHEMA_VERSION = 1
 """The event record's version: raised when a field changes meaning or goes away (adding one does not)."""
 
@@ -187,7 +189,8 @@ class EventBus:
 
     def close(self, deadline_s: float) -> None:
         """Let each sink take what is queued and close, for at most ``deadline_s`` in all; what is
-        still queued then is counted as dropped, and the sink's thread is left behind (a daemon)."""
+        still queued then is counted as dropped, and the sink's thread is left behind (a daemon).
+        Each sink that dropped events says so in one line (the sink's ``str``)."""
         with self._lock:
             if self._closed:
                 return
@@ -212,6 +215,8 @@ class EventBus:
                     waiting = sum(1 for item in lane.events.queue if item is not _CLOSE)
                 lane.dropped += waiting + lane.busy
                 lane.last_error = lane.last_error or f"it took more than {deadline_s:g} s"
+        for sink, count, why in self.drops():
+            say(f"{sink}: {count} event{'s' if count != 1 else ''} dropped ({why})")
 
 
 NO_EVENTS = EventBus(())

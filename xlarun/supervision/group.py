@@ -250,7 +250,9 @@ class WorkerGroup:
                  on_failure: Callable[[WorkerResult], None] | None = None,
                  start_process: ProcessFactory | None = None, hang_timeout: float | None = None,
                  on_hang: Callable[[str], None] | None = None,
-                 on_stacks: Callable[[Hang], None] | None = None):
+                 on_stacks: Callable[[Hang], None] | None = None,
+                 on_start: Callable[[WorkerResult], None] | None = None,
+                 on_exit: Callable[[WorkerResult, bool], None] | None = None):
         self._specs = specs
         self._kill_timeout = kill_timeout
         self._guard = guard
@@ -258,6 +260,9 @@ class WorkerGroup:
         self._start_process = start_process or functools.partial(PosixProcess, guard=guard)
         self._on_hang = on_hang
         self._on_stacks = on_stacks
+        self._on_start = on_start
+        self._on_exit = on_exit
+        """Told of each worker started, and of each exit with whether it failed (a teardown's are not failures)."""
         self._hang_watch: HangWatch | None = None
         if hang_timeout is not None:
             from xlarun.supervision.hangs import HangWatch
@@ -346,6 +351,8 @@ class WorkerGroup:
             if pipe is not None and relay is not None:
                 worker.pipes.append((pipe, self._readers.add(pipe, relay)))
         self._selector.register(pidfd, selectors.EVENT_READ, lambda: self._on_worker_exit(worker))
+        if self._on_start is not None:
+            self._on_start(worker.result)
 
     def _loop(self) -> None:
         while any(worker.still_waited_on for worker in self._workers):
@@ -463,6 +470,8 @@ class WorkerGroup:
         # The peers are told to stop first; reporting the failure (error file, host name) can wait.
         if failed and self._on_failure is not None:
             self._on_failure(result)
+        if self._on_exit is not None:
+            self._on_exit(result, failed)
 
     def _tear_down_after_fault(self) -> None:
         """The loop failed: SIGTERM every group, wait out the grace for the exits, SIGKILL, reap.

@@ -159,15 +159,17 @@ class RunSummary:
              **({"stack": r.position} if r.position is not None else {})}
             for r in results], **(nodes or {})})
 
-    def record(self, end: RunEnd) -> dict[str, Any]:
-        """The file's JSON object: the run, how it ended, its attempts."""
+    def record(self, end: RunEnd, events_dropped: int | None = None) -> dict[str, Any]:
+        """The file's JSON object: the run, how it ended, its attempts; with an event sink
+        (``--event-log``), ``events_dropped``: the events a sink never took."""
         return {"run_id": self.run_id, "exit_code": end.exit_code, "result": end.result, "restarts": self.restarts,
                 "launcher_signal": None if end.launcher_signal is None else signal_name(end.launcher_signal),
                 "error": end.error,
                 "root_cause": None if end.root_cause is None else root_cause_record(end.root_cause),
-                "attempts": self.attempts}
+                "attempts": self.attempts,
+                **({} if events_dropped is None else {"events_dropped": events_dropped})}
 
-    def write(self, path: str, end: RunEnd) -> None:
+    def write(self, path: str, end: RunEnd, events_dropped: int | None = None) -> None:
         """Write the record of the run that ended so whole (a reader sees the old file or the new one); a path
         that cannot take it costs one line, not the run's exit code.
 
@@ -184,7 +186,7 @@ class RunSummary:
                                  0o666)
             try:
                 with os.fdopen(descriptor, "w") as handle:
-                    json.dump(self.record(end), handle, indent=2)
+                    json.dump(self.record(end, events_dropped), handle, indent=2)
                     handle.write("\n")
                 os.replace(temporary, path)
             except BaseException:
