@@ -3,6 +3,7 @@ attempt's end, the monitor's judgement of silence, heartbeats that fail or hang,
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import threading
@@ -11,8 +12,10 @@ import time
 import pytest
 
 from xlarun.console import StatusLine
-from xlarun.rendezvous import AttemptEnd, LostNode
+from xlarun.failures import FailureRecord
+from xlarun.rendezvous import AttemptEnd, LostNode, NodeStacks
 from xlarun.rendezvous.joining import Member, Roster, Seat, membership_change, read_roster, seat_attempt, take_seat
+from xlarun.rendezvous.node import failure_record
 from xlarun.rendezvous.store import JobKeys
 from xlarun.rendezvous.watching import Heartbeat, Monitor, News, Watchdog, announce
 
@@ -283,3 +286,45 @@ def test_the_seat_round_trips_through_the_store() -> None:
                 master_port=41000, store_node=None, change="node 2 (c) left")
     assert Seat.decode(seat.encode().encode()) == seat
     assert json.loads(seat.encode())["store_node"] is None
+
+
+@pytest.mark.parametrize("raw", [b"\xff\xfe", b"{}", b'{"kind": "reboot", "reason": "x"}', b'{"kind": "hung", "reason": 3}',
+                                 b"[1, 2"])
+def test_an_end_record_xlarun_did_not_write_stops_the_attempt_and_says_so(raw: bytes) -> None:
+    news = News.decode(raw)
+
+    assert news.kind == "stopped" and news.reason.startswith("the attempt's end record in the store is not one xlarun")
+    assert not any(character in news.reason for character in "\x1b\xff")
+
+
+def test_a_forged_hang_reaches_no_terminal_raw() -> None:
+    news = News.decode(json.dumps({"kind": "hung", "reason": "node 1: \x1b]0;owned\x07\x1b[2J"}).encode())
+
+    assert news == News("hung", r"node 1: \x1b]0;owned\x07\x1b[2J")
+
+
+@pytest.mark.parametrize("raw", [b"\xff", b"{}", b'{"node_rank": "x", "host": "h", "silent_for": 3}',
+                                 b'{"node_rank": 1, "host": 5, "silent_for": 3}',
+                                 b'{"node_rank": 1, "host": "h", "silent_for": NaN}'])
+def test_a_lost_node_record_xlarun_did_not_write_is_refused(raw: bytes) -> None:
+    with pytest.raises(ValueError, match="not a lost node's record"):
+        LostNode.from_json(raw)
+
+
+def test_a_stacks_record_is_checked_and_escaped() -> None:
+    stacks = NodeStacks(node_rank=1, host="b", positions={2: "train.py:9 \x1b[2J"}, stacks_files={2: "/r/2/stacks"})
+
+    assert NodeStacks.from_json(stacks.to_json().encode()).positions == {2: r"train.py:9 \x1b[2J"}
+    with pytest.raises(ValueError, match="not a node's stacks record"):
+        NodeStacks.from_json(b'{"node_rank": 1, "host": "b", "positions": [], "stacks_files": {}}')
+
+
+@pytest.mark.parametrize("change", [{"rank": "1"}, {"returncode": 10**6}, {"host": None}, {"time": "now"},
+                                    {"surprise": 1}])
+def test_a_failure_record_xlarun_did_not_write_is_none(change: dict[str, object]) -> None:
+    record = dataclasses.asdict(FailureRecord(rank=1, local_rank=0, returncode=3, pid=9, time=1.0, host="b\x1b[2J"))
+
+    assert failure_record(json.dumps(record).encode()) == FailureRecord(rank=1, local_rank=0, returncode=3, pid=9,
+                                                                        time=1.0, host=r"b\x1b[2J")
+    assert failure_record(json.dumps({**record, **change}).encode()) is None
+    assert failure_record(b"\xff{") is None

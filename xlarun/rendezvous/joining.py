@@ -235,7 +235,7 @@ def check_job(client: Client, serving: bool, run_id: str, token: str, where: str
         if not wait_for_key(client, JobKeys.JOB, deadline):
             raise LaunchError(f"timed out waiting for the store's host at {where} to name its job")
         status.clear()
-        found = client.get(JobKeys.JOB).decode()
+        found = client.get(JobKeys.JOB).decode("utf-8", "replace")  # anyone may have written it
     if found == mine:
         return int(client.add(JobKeys.REFUSED, 0))
     try:

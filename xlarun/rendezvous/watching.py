@@ -291,14 +291,15 @@ class Monitor:
             self._thread.join()
 
     def _run(self) -> None:
-        from torch.distributed import DistNetworkError
-
         while not self._stopped.wait(self._interval):
             try:
                 self._look()
-            except DistNetworkError:  # the store is gone; every agent, this one included, hears it on its own
-                return
-            except Exception as error:  # a value xlarun did not write: named once, and the watch goes on
+            except Exception as error:
+                from torch.distributed import DistNetworkError
+
+                if isinstance(error, DistNetworkError):  # the store is gone; every agent hears it on its own
+                    return
+                # A value xlarun did not write: named once, and the watch goes on.
                 line = f"ignored a value in the rendezvous store that xlarun did not write: {shown(str(error))}"
                 if line not in self._named:
                     self._named.add(line)
