@@ -14,6 +14,7 @@ Tests that need torch_tpu skip where it is not installed (the .venv stack, whose
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -272,20 +273,37 @@ def multislice_tpu_env(slice_id: int) -> str:
             "MEGASCALE_COORDINATOR_ADDRESS: '127.0.0.1:8080'\n")
 
 
+SLICES = [["127.0.0.1", "127.0.0.2"], ["127.0.0.3", "127.0.0.4"]]
+"""Two slices of two hosts each; slice 0's worker 0 (127.0.0.1) is node 0 and MegaScale's coordinator."""
+
+
+def gke_multislice_pod(slice_id: int, worker_id: int) -> dict[str, str]:
+    """What a JobSet's pod of two v4-16 slices holds (GKE's variables and the manifest's MegaScale settings)."""
+    return {"TPU_WORKER_ID": str(worker_id), "TPU_WORKER_HOSTNAMES": ",".join(SLICES[slice_id]),
+            "TPU_ACCELERATOR_TYPE": "v4-16", "TPU_HOST_BOUNDS": "1,1,2", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
+            "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(slice_id),
+            "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1:8080"}
+
+
 @needs_torch_tpu
-def test_two_slices_of_two_tpu_vms_each_get_their_slices_list_and_the_jobs_megascale_settings(
-        nodes: Nodes, port: int) -> None:
-    slices = [["127.0.0.1", "127.0.0.2"], ["127.0.0.3", "127.0.0.4"]]
+@pytest.mark.parametrize("cluster", ["tpu-vm", "gke-tpu"])
+def test_two_slices_of_two_hosts_each_get_their_slices_list_and_the_jobs_megascale_settings(
+        cluster: str, nodes: Nodes, port: int) -> None:
+    slices = SLICES
     base = free_base_port(*slices[0], *slices[1])
-    attributes = [slice_attributes(worker, ips, multislice_tpu_env(slice_id))
-                  for slice_id, ips in enumerate(slices) for worker in range(2)]
-    with serve_metadata(attributes[0]) as vm0, serve_metadata(attributes[1]) as vm1, \
-            serve_metadata(attributes[2]) as vm2, serve_metadata(attributes[3]) as vm3:
-        started = [nodes.start("--cluster", "tpu-vm", "--master-port", port, "--local-addr", ip,
+    places = [(slice_id, worker_id) for slice_id in range(2) for worker_id in range(2)]
+    with contextlib.ExitStack() as servers:
+        if cluster == "tpu-vm":
+            hosts = [servers.enter_context(serve_metadata(slice_attributes(
+                worker_id, slices[slice_id], multislice_tpu_env(slice_id)))).host for slice_id, worker_id in places]
+            environs = [{"GCE_METADATA_HOST": host} for host in hosts]
+        else:
+            environs = [gke_multislice_pod(slice_id, worker_id) for slice_id, worker_id in places]
+        started = [nodes.start("--cluster", cluster, "--master-port", port, "--local-addr", ip,
                                "--nproc-per-node", "auto", worker("tpu_address.py"),
-                               env={**V4_HOST, "GCE_METADATA_HOST": vm.host, "TORCH_TPU_BASE_PORT": str(base),
+                               env={**V4_HOST, **environ, "TORCH_TPU_BASE_PORT": str(base),
                                     "DUMP_DIR": str(nodes.out_dir)})
-                   for ip, vm in zip(slices[0] + slices[1], (vm0, vm1, vm2, vm3), strict=True)]
+                   for ip, environ in zip(slices[0] + slices[1], environs, strict=True)]
         runs = nodes.finish_all(started)
     assert [run.returncode for run in runs] == [0, 0, 0, 0], both(runs)
     found = records(nodes.out_dir)

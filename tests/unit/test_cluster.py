@@ -256,6 +256,7 @@ def test_gke_tpu_multislice_without_a_coordinator_knows_node_0_on_slice_0_only()
     ({"MEGASCALE_SLICE_ID": None}, "MEGASCALE_SLICE_ID is unset"),
     ({"MEGASCALE_PORT": "70000"}, "MEGASCALE_PORT=70000 is not a TCP port"),
     ({"SKIP_MEGASCALE_PJRT_CLIENT": "1"}, "SKIP_MEGASCALE_PJRT_CLIENT is set"),
+    ({"TPU_WORKER_HOSTNAMES": "a,b,c"}, "slice 1 lists 3 hosts but its host bounds 1,1,2 make 2: every slice"),
 ])
 def test_gke_tpu_multislice_bad_settings_are_refused(changes, complaint):
     with pytest.raises(UsageError, match="^--cluster gke-tpu: " + re.escape(complaint)):

@@ -72,6 +72,7 @@ complete, as with an explicit kind.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -310,6 +311,12 @@ def _slice_settings(kind: str, hosts: Sequence[str], worker: int, megascale_sour
         return ClusterSettings(kind=kind, nnodes=len(hosts), node_rank=worker, master_addr=hosts[0],
                                master_port=None, run_id=None, device_environ=dict(device_environ or {}),
                                read_from=read_from)
+    bounds = megascale_source.get("TPU_HOST_BOUNDS", "")
+    if re.fullmatch(r"[0-9]{1,4}(,[0-9]{1,4}){2}", bounds) and math.prod(map(int, bounds.split(","))) != len(hosts):
+        # Every slice of a job has one shape: a host count off its own means the slices would not agree.
+        raise UsageError(f"{flag('cluster')} {kind}: slice {settings.slice_id} lists {len(hosts)} hosts but its "
+                         f"host bounds {bounds} make {math.prod(map(int, bounds.split(',')))}: every slice of a "
+                         "multislice job must have as many hosts, node rank = slice id x hosts per slice + worker id")
     master_addr = settings.coordinator_host or (hosts[0] if settings.slice_id == 0 else None)
     slice_names = f"{megascale.NUM_SLICES}, {megascale.SLICE_ID}"
     read_from = {"nnodes": f"{megascale.NUM_SLICES}, {read_from['nnodes']}",
