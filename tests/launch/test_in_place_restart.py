@@ -1,0 +1,119 @@
+"""A container restarted in place (Kubernetes JobSet's in-place restart, the kubelet's ``RestartAllContainers``)
+runs the same launch again in the same pod: the same command, run id, ports and log directory, on the same
+network namespace and volumes. Nothing the first launch left (its run's log directory and summary file,
+the store port's connections in TIME_WAIT, a launcher killed with its orphan guard still reaping) keeps the
+second from running and exiting 0: on one node, and on two nodes under either rendezvous, whether the first
+launch succeeded, failed (a worker's exit 3) or was killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import Run, finish, run_xlarun, start_xlarun, wait_for, worker
+from multinode import HOST, Nodes, both, c10d, static
+
+RUN_ID = "job-in-place"
+FAILING_RANK = "1"
+
+
+def leave_in_time_wait(port: int) -> None:
+    """Leave a connection on ``port`` in TIME_WAIT, as a store that closed its clients' connections first does:
+    it stays there for a minute, across the container's restart."""
+    with socket.socket() as listener:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind((HOST, port))
+        listener.listen()
+        with socket.create_connection((HOST, port)) as client:
+            accepted, _ = listener.accept()
+            accepted.close()  # the listening side closes first, so its end waits
+            client.recv(1)
+    assert any(connection.laddr.port == port and connection.status == psutil.CONN_TIME_WAIT
+               for connection in psutil.net_connections(kind="tcp"))
+
+
+def first_launch_fails(out_dir: Path, outcome: str) -> None:
+    """Whether the workers' first launch fails: ``fails_first_launch.py`` succeeds once its marker is there."""
+    if outcome == "succeeds":
+        (out_dir / "failed").touch()
+
+
+def records(out_dir: Path, ranks: int) -> list[dict[str, object]]:
+    return [json.loads((out_dir / f"{rank}.json").read_text()) for rank in range(ranks)]
+
+
+def assert_second_run(out_dir: Path, log_dir: Path, summary_file: Path, master_port: int | None, ranks: int,
+                      ranks_here: list[int]) -> None:
+    """The second launch's workers formed the whole world under the same run id, on the same master port where
+    the flags fix it (c10d's workers' store takes a port picked at the rendezvous); its logs went to a run
+    directory of its own beside the first's; its summary is its own."""
+    seen = records(out_dir, ranks)
+    assert [(record["world"], record["sum"], record["run_id"]) for record in seen] == \
+        [(ranks, sum(range(ranks)), RUN_ID)] * ranks
+    if master_port is not None:
+        assert {record["master_port"] for record in seen} == {str(master_port)}
+    run_dirs = sorted(log_dir.iterdir())
+    assert len(run_dirs) == 2 and all(path.name.startswith(f"{RUN_ID}_") for path in run_dirs), run_dirs
+    summary = json.loads(summary_file.read_text())
+    assert (summary["run_id"], summary["result"], summary["exit_code"]) == (RUN_ID, "succeeded", 0)
+    assert sorted(worker["pid"] for worker in summary["attempts"][-1]["workers"]) == \
+        sorted(seen[rank]["pid"] for rank in ranks_here)
+
+
+# --- one node -------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("outcome", ["succeeds", "fails", "killed"])
+def test_one_node_restarted_in_place_runs_again(tmp_path: Path, out_dir: Path, port: int, outcome: str) -> None:
+    log_dir, summary_file = tmp_path / "logs", tmp_path / "summary.json"
+    command = ("--nproc_per_node", "2", "--master_port", port, "--rdzv_id", RUN_ID, "--log-dir", log_dir,
+               "--summary-file", summary_file, worker("fails_first_launch.py"), out_dir,
+               "-1" if outcome == "killed" else FAILING_RANK)
+    first_launch_fails(out_dir, outcome)
+    if outcome == "killed":
+        # The kubelet's SIGKILL after the grace period; the orphan guard is left to reap the workers.
+        launcher = start_xlarun(*command)
+        wait_for(lambda: len(psutil.Process(launcher.pid).children()) >= 3, "the guard and both workers")
+        os.kill(launcher.pid, signal.SIGKILL)
+        finish(launcher)
+        (out_dir / "failed").touch()
+    else:
+        first = run_xlarun(*command)
+        assert first.returncode == (3 if outcome == "fails" else 0), first.stderr
+    leave_in_time_wait(port)
+    second = run_xlarun(*command)
+    assert second.returncode == 0, second.stderr
+    assert_second_run(out_dir, log_dir, summary_file, port, 2, [0, 1])
+
+
+# --- two nodes ------------------------------------------------------------------------------------------
+
+def run_two_nodes(nodes: Nodes, tmp_path: Path, out_dir: Path, backend: str, port: int) -> list[Run]:
+    started: list[subprocess.Popen] = []
+    for node in (0, 1):
+        placement = static(port, node, 2, 1) + ["--rdzv_id", RUN_ID] if backend == "static" \
+            else c10d(port, RUN_ID, 2, 1)
+        started.append(nodes.start(*placement, "--log-dir", tmp_path / f"logs{node}",
+                                   "--summary-file", tmp_path / f"summary{node}.json",
+                                   worker("fails_first_launch.py"), out_dir, FAILING_RANK))
+    return nodes.finish_all(started)
+
+
+@pytest.mark.parametrize("backend", ["static", "c10d"])
+@pytest.mark.parametrize("outcome", ["succeeds", "fails"])
+def test_two_nodes_restarted_in_place_run_again(nodes: Nodes, tmp_path: Path, out_dir: Path, port: int,
+                                                backend: str, outcome: str) -> None:
+    first_launch_fails(out_dir, outcome)
+    first = run_two_nodes(nodes, tmp_path, out_dir, backend, port)
+    assert [run.returncode for run in first] == [3 if outcome == "fails" else 0] * 2, both(first)
+    leave_in_time_wait(port)
+    second = run_two_nodes(nodes, tmp_path, out_dir, backend, port)
+    assert [run.returncode for run in second] == [0, 0], both(second)
+    for node in (0, 1):
+        assert_second_run(out_dir, tmp_path / f"logs{node}", tmp_path / f"summary{node}.json",
+                          port if backend == "static" else None, 2, [node])

@@ -1,0 +1,37 @@
+"""Joins the gloo group and all-reduces; the first launch of the job fails, the next one succeeds.
+
+Usage: ``fails_first_launch.py OUT_DIR FAILING_RANK``
+
+The same command twice, as a container restarted in place runs it: where ``OUT_DIR/failed`` is absent,
+FAILING_RANK creates it and exits 3 once the all-reduce is done, and every other rank sleeps until
+stopped; where it is there, every rank writes ``OUT_DIR/<RANK>.json`` (rank, pid, world size, sum, run id,
+store port) and exits 0.
+"""
+
+import json
+import os
+import sys
+import time
+
+import torch
+import torch.distributed as dist
+
+out, failing_rank = sys.argv[1], int(sys.argv[2])
+marker = os.path.join(out, "failed")
+failing_launch = not os.path.exists(marker)
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+value = torch.tensor([float(rank)])
+dist.all_reduce(value)
+if failing_launch:
+    if rank == failing_rank:
+        open(marker, "w").close()
+        sys.exit(3)
+    while True:
+        time.sleep(1)
+record = {"rank": rank, "pid": os.getpid(), "world": dist.get_world_size(), "sum": int(value.item()),
+          "run_id": os.environ["TORCHELASTIC_RUN_ID"], "master_port": os.environ["MASTER_PORT"]}
+with open(os.path.join(out, f"{rank}.json"), "w") as handle:
+    json.dump(record, handle)
+dist.destroy_process_group()
