@@ -13,6 +13,7 @@ import signal
 import socket
 import subprocess
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -44,7 +45,7 @@ def first_launch_fails(out_dir: Path, outcome: str) -> None:
         (out_dir / "failed").touch()
 
 
-def records(out_dir: Path, ranks: int) -> list[dict[str, object]]:
+def records(out_dir: Path, ranks: int) -> list[dict[str, Any]]:
     return [json.loads((out_dir / f"{rank}.json").read_text()) for rank in range(ranks)]
 
 
