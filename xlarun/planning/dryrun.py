@@ -187,8 +187,9 @@ def plan_node_placement(config: LaunchConfig, device: DevicePlan) -> NodePlan:
 
 
 def plan_document(config: LaunchConfig, device: DevicePlan, environ: Mapping[str, str],
-                  notices: Sequence[str] = ()) -> dict[str, Any]:
-    """The dry run's JSON for this node (:func:`dry_run_document`), with who holds the device files now."""
+                  notices: Sequence[str] = (), files: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+    """The dry run's JSON for this node (:func:`dry_run_document`), with who holds the device files now,
+    and the files the run would write (:func:`files_written`, and ``files``: more of them, by option)."""
     log_dir = config.log_dir or "<log_dir>"
 
     def error_file_for(run_id: str, local_rank: int) -> str:
@@ -196,7 +197,14 @@ def plan_document(config: LaunchConfig, device: DevicePlan, environ: Mapping[str
 
     document = dry_run_document(config, plan_node(config, device), device, environ, error_file_for, notices)
     document["device_holders"] = [holder.as_dict() for holder in busy_device_holders(device.device, environ)]
+    document["files"] = {**files_written(config), **(files or {})}
     return document
+
+
+def files_written(config: LaunchConfig) -> dict[str, str | None]:
+    """The files the run writes besides its logs, by the option that names them (None: not given):
+    the summary file at the end, the event log (``-``: stderr) as it goes."""
+    return {"summary_file": config.summary_file, "event_log": config.event_log}
 
 
 def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan, environ: Mapping[str, str],

@@ -109,6 +109,13 @@ class _Lane:
     """Whether the sink is handling an event now."""
     thread: threading.Thread | None = None
 
+    def offer(self, item: object) -> bool:
+        try:
+            self.events.put_nowait(item)
+        except queue.Full:
+            return False
+        return True
+
     def run(self) -> None:
         while True:
             item = self.events.get()
@@ -196,17 +203,18 @@ class EventBus:
                 return
             self._closed = True
         end = time.monotonic() + deadline_s
-        for lane in self._lanes:
-            while True:  # the close marker needs a place in the queue: a stuck sink's last events make it
+        # The close marker waits for a place in each queue; at the deadline a stuck sink's oldest event makes it.
+        waiting = [lane for lane in self._lanes if not lane.offer(_CLOSE)]
+        while waiting and time.monotonic() < end:
+            time.sleep(0.01)
+            waiting = [lane for lane in waiting if not lane.offer(_CLOSE)]
+        for lane in waiting:
+            while not lane.offer(_CLOSE):
                 try:
-                    lane.events.put_nowait(_CLOSE)
-                    break
-                except queue.Full:
-                    try:
-                        lane.events.get_nowait()
-                        lane.dropped += 1
-                    except queue.Empty:
-                        pass
+                    lane.events.get_nowait()
+                    lane.dropped += 1
+                except queue.Empty:
+                    pass
         for lane in self._lanes:
             assert lane.thread is not None
             lane.thread.join(max(0.0, end - time.monotonic()))

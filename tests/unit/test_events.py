@@ -1,0 +1,170 @@
+"""The event bus and the JSON-lines sink, in process: order, drops, deadlines, the record's shape."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import REPO
+
+from xlarun.supervision.eventlog import JsonLinesSink, line_of
+from xlarun.supervision.events import NO_EVENTS, QUEUE_SIZE, Event, EventBus, trace_id_of
+
+
+class Collecting:
+    def __init__(self) -> None:
+        self.events: list[Event] = []
+        self.closed = False
+
+    def handle(self, event: Event) -> None:
+        self.events.append(event)
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class Stuck:
+    """A sink whose every write hangs, as on a stalled network disk."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+
+    def handle(self, event: Event) -> None:
+        self.release.wait(30)
+
+    def close(self) -> None:
+        pass
+
+
+class Failing:
+    def handle(self, event: Event) -> None:
+        raise OSError(28, "No space left on device")
+
+    def close(self) -> None:
+        pass
+
+
+def test_events_are_numbered_in_order_and_carry_the_identity_given_so_far() -> None:
+    sink = Collecting()
+    bus = EventBus([sink], run_id="job", host="h", trace_id="ab" * 16)
+    bus.emit("launch.started", 0, nnodes=1)
+    bus.identify(run_id="job-2", node_rank=3)
+    bus.emit("worker.started", 1, rank=0)
+    bus.close(5)
+    first, second = sink.events
+    assert (first.seq, first.run_id, first.node_rank, first.attempt) == (1, "job", None, 0)
+    assert (second.seq, second.run_id, second.node_rank, second.attempt) == (2, "job-2", 3, 1)
+    assert first.trace_id == "ab" * 16 and dict(second.attributes) == {"rank": 0}
+    assert sink.closed and bus.dropped == 0
+
+
+def test_a_stuck_sink_never_blocks_emit_nor_another_sink_and_close_keeps_its_deadline() -> None:
+    stuck, healthy = Stuck(), Collecting()
+    bus = EventBus([stuck, healthy], host="h")
+    started = time.monotonic()
+    for number in range(QUEUE_SIZE):  # as many as a queue holds: the healthy sink misses none
+        bus.emit("worker.started", 0, rank=number)
+    emitted = time.monotonic() - started
+    started = time.monotonic()
+    bus.close(0.3)
+    closing = time.monotonic() - started
+    stuck.release.set()
+    assert emitted < 1.0 and closing < 1.0
+    assert [event.attributes["rank"] for event in healthy.events] == list(range(QUEUE_SIZE))
+    # Every event the stuck sink did not finish is counted, the one it hangs in too.
+    assert [(sink, count) for sink, count, _ in bus.drops()] == [(stuck, QUEUE_SIZE)]
+
+
+def test_past_a_full_queue_events_are_dropped_not_waited_for() -> None:
+    stuck = Stuck()
+    bus = EventBus([stuck], host="h")
+    started = time.monotonic()
+    for number in range(QUEUE_SIZE + 100):
+        bus.emit("worker.started", 0, rank=number)
+    assert time.monotonic() - started < 1.0
+    bus.close(0.1)
+    stuck.release.set()
+    assert bus.dropped == QUEUE_SIZE + 100
+
+
+def test_a_sink_that_raises_costs_its_events_counted_and_said_in_one_line(capfd: pytest.CaptureFixture[str]) -> None:
+    bus = EventBus([Failing()], host="h")
+    for _ in range(3):
+        bus.emit("restart", 0, restarts_left=1)
+    bus.close(5)
+    assert bus.dropped == 3
+    from xlarun.console import flush_consoles
+
+    flush_consoles()
+    said = [line for line in capfd.readouterr().err.splitlines() if "dropped" in line]
+    assert len(said) == 1 and said[0].endswith("3 events dropped (No space left on device)"), said
+
+
+def test_no_sink_no_thread_and_emitting_is_free() -> None:
+    before = threading.active_count()
+    NO_EVENTS.emit("launch.started", 0, nnodes=1)
+    NO_EVENTS.close(1)
+    assert not NO_EVENTS.active and NO_EVENTS.dropped == 0 and threading.active_count() == before
+
+
+def test_a_launch_without_an_event_log_loads_no_sink() -> None:
+    loaded = subprocess.run([sys.executable, "-c", "import sys, xlarun.cli.launch\n"
+                             "print(*sorted(m for m in sys.modules if m.startswith('xlarun.supervision')))"],
+                            capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    assert "xlarun.supervision.events" in loaded and "xlarun.supervision.eventlog" not in loaded
+
+
+@pytest.mark.parametrize(("value", "trace_id"), [
+    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "4bf92f3577b34da6a3ce929d0e0e4736"),
+    ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),  # all zeros: invalid (W3C)
+    ("garbage", None),
+    ("", None),
+])
+def test_the_trace_id_comes_from_traceparent(value: str, trace_id: str | None) -> None:
+    assert trace_id_of({"TRACEPARENT": value}) == trace_id
+
+
+def event(**attributes: object) -> Event:
+    return Event(name="worker.exited", time=1764640780.850442, seq=7, attempt=1, attributes=attributes,
+                 run_id="job", node_rank=0, host="h", trace_id=None)
+
+
+def test_a_line_is_one_json_object_with_an_rfc3339_utc_time() -> None:
+    line = line_of(event(**{"process.exit.code": 0, "rank": 1}))
+    assert line.endswith(b"\n") and line.count(b"\n") == 1
+    assert json.loads(line) == {"schema_version": 1, "seq": 7, "time": "2025-12-02T01:59:40.850442Z",
+                                "run_id": "job", "node_rank": 0, "host": "h", "attempt": 1,
+                                "name": "worker.exited", "trace_id": None,
+                                "attributes": {"process.exit.code": 0, "rank": 1}}
+
+
+def test_lines_are_appended_to_what_the_file_held(tmp_path: Path) -> None:
+    path = tmp_path / "ev.jsonl"
+    path.write_text('{"earlier": true}\n')
+    sink = JsonLinesSink.open(str(path))
+    sink.handle(event(rank=0))
+    sink.handle(event(rank=1))
+    sink.close()
+    lines = path.read_text().splitlines()
+    assert [json.loads(line).get("attributes", {}).get("rank") for line in lines] == [None, 0, 1]
+
+
+def test_a_fifo_nobody_reads_is_opened_without_waiting_and_each_event_fails_fast(tmp_path: Path) -> None:
+    path = tmp_path / "ev.fifo"
+    os.mkfifo(path)
+    started = time.monotonic()
+    sink = JsonLinesSink.open(str(path))
+    with pytest.raises(OSError, match="no reader"):
+        sink.handle(event(rank=0))
+    assert time.monotonic() - started < 1.0
+
+
+def test_a_path_that_can_never_take_the_log_is_refused_at_open(tmp_path: Path) -> None:
+    with pytest.raises(OSError):
+        JsonLinesSink.open(str(tmp_path / "missing" / "ev.jsonl"))
