@@ -63,6 +63,15 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
+def event_returncode(code: object, name: object) -> int:
+    """A worker's returncode (``-N`` for signal N) from its ``worker.exited`` event's ``process.exit.code``
+    and ``signal`` (a name, or ``signal 64`` for one the platform does not name)."""
+    if not isinstance(name, str):
+        return code if isinstance(code, int) else 0
+    number = int(name.split()[1]) if name.startswith("signal ") else signal.Signals[name].value
+    return -number
+
+
 def exit_status(returncode: int) -> int:
     """A shell's status for a process that ended with ``returncode`` (subprocess's, ``-N`` for signal N):
     its own exit code, or 128+N."""

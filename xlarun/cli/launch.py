@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from xlarun.cli.options import OptionValues, read_options
 from xlarun.cli.rules import build_config, require_script
 from xlarun.config import LaunchConfig, NprocRequest, Topology
-from xlarun.console import say
+from xlarun.console import console, say
 from xlarun.exceptions import LaunchError, PlanError, UsageError
 from xlarun.flags import flag
 from xlarun.host.holders import busy_device_holders, busy_device_refusal, describe_holder
@@ -53,6 +53,10 @@ class PreparedLaunch:
     a dry run prints them too."""
     split_world: str | None = None
     """Why XLA collectives cannot join these CPU processes (:func:`cpu_split_world`), or None."""
+    event_log_handler: str = "null"
+    """``--event-log-handler``: ``console`` retells the run as torchrun's events on stderr."""
+    metrics_textfile: str | None = None
+    """``--metrics-textfile``: where the run's state is kept for node_exporter, if anywhere."""
 
 
 def prepare_launch(given: Mapping[str, str | None], script: str | None, script_args: tuple[str, ...],
@@ -94,7 +98,8 @@ def prepare_launch(given: Mapping[str, str | None], script: str | None, script_a
     if omp_threads_default(nproc, environ) is not None:
         notices.append(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
                        "workers per node); set OMP_NUM_THREADS yourself to choose another value")
-    return PreparedLaunch(config, device, tuple(notices), split)
+    return PreparedLaunch(config, device, tuple(notices), split, event_log_handler=values["event_log_handler"],
+                          metrics_textfile=values["metrics_textfile"])
 
 
 def launch_from_command_line(given: Mapping[str, str | None], script: str | None,
@@ -142,9 +147,30 @@ def event_sinks(config: LaunchConfig) -> list[Sink]:
     return sinks
 
 
+def monitoring_sinks(prepared: PreparedLaunch, environ: Mapping[str, str]) -> list[Sink]:
+    """The sinks that tell other programs how the run goes: torchrun's console events, the metrics
+    file, systemd (under a ``Type=notify`` unit). Each module is loaded only when wanted."""
+    sinks: list[Sink] = []
+    if prepared.event_log_handler == "console":
+        from xlarun.supervision.torchrun_events import TorchrunConsoleSink, TorchrunIdentity
+
+        sinks.append(TorchrunConsoleSink(TorchrunIdentity.of(prepared.config), console(2).write))
+    if prepared.metrics_textfile:
+        from xlarun.supervision.metrics import MetricsTextfile
+
+        sinks.append(MetricsTextfile(prepared.metrics_textfile))
+    if environ.get("NOTIFY_SOCKET"):
+        from xlarun.supervision.systemd import SystemdNotify
+
+        notify = SystemdNotify.from_environ(environ, prepared.config.nproc_per_node)
+        if notify is not None:
+            sinks.append(notify)
+    return sinks
+
+
 def open_events(prepared: PreparedLaunch, environ: Mapping[str, str]) -> EventBus:
     """The run's event bus, its first event emitted: :data:`NO_EVENTS` (no thread, nothing to pay) without sinks."""
-    sinks = event_sinks(prepared.config)
+    sinks = [*event_sinks(prepared.config), *monitoring_sinks(prepared, environ)]
     if not sinks:
         return NO_EVENTS
     config = prepared.config

@@ -50,6 +50,8 @@ NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
 NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
 LOGS_SPECS = ("default",)
 CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "tpu-vm", "mpi")
+EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
+"""torchrun's event handlers (``torch.distributed.elastic.events.handlers``); only ``console`` writes anything."""
 
 
 def _integer(text: str) -> int:
@@ -171,10 +173,11 @@ def parse_endpoint(text: str) -> str:
     return text
 
 
-def parse_summary_file(path: str) -> str:
-    """Catch a path that can never take the summary before the run, not after it.
+def parse_file_to_write(path: str) -> str:
+    """Catch a path that can never take what the launcher writes there (the summary, the metrics) before
+    the run, not after it.
 
-    The summary is written at the end, through a new file beside it, so the nearest directory
+    Such a file is written through a new file beside it, so the nearest directory
     that exists must let this user create entries (``W_OK`` and ``X_OK``; the missing ones below
     it are made then).
     """
@@ -329,7 +332,10 @@ OPTIONS: tuple[Option, ...] = (
               SECONDS, "0.1", SECONDS.allowed, metavar="SECONDS"),
     _torchrun(("--start-method", "--start_method"), "Accepted, unused: workers are always fresh processes.",
               choice(START_METHODS), "spawn", one_of(START_METHODS), metavar=_choices(START_METHODS)),
-    _torchrun(("--event-log-handler", "--event_log_handler"), "Accepted, unused.", text, "null", metavar="NAME"),
+    _torchrun(("--event-log-handler", "--event_log_handler"),
+              "console: torchrun's torchelastic.worker.status.* events on stderr, one JSON line each, with real "
+              "timestamps; null and dynamic_rendezvous: none.", choice(EVENT_LOG_HANDLERS), "null",
+              one_of(EVENT_LOG_HANDLERS), metavar=_choices(EVENT_LOG_HANDLERS)),
     _torchrun(("--role",), "Worker role: ROLE_NAME and the log prefix.", text, "default", metavar="NAME"),
     _torchrun(("-m", "--module"), "Run the script as a module: python -u -m MODULE."),
     _torchrun(("--no-python", "--no_python"), "Execute the script directly, not with python."),
@@ -388,7 +394,7 @@ OPTIONS: tuple[Option, ...] = (
                                         "nothing; values a rendezvous decides read <decided at rendezvous>."),
     _xlarun(("--summary-file", "--summary_file"), "Write a JSON record of the run for CI: result, exit_code, "
                                                   "root_cause, attempts.",
-            parse_summary_file, allowed="give a path to the JSON file to write", metavar="PATH"),
+            parse_file_to_write, allowed="give a path to the JSON file to write", metavar="PATH"),
     _xlarun(("--event-log", "--event_log"), "Write the run's events as JSON lines, as they happen (- for stderr): "
                                             "the launch, each rendezvous, each worker's start and exit, restarts, "
                                             "lost nodes, hangs, the end. A sink that cannot keep up costs events, "
@@ -422,6 +428,11 @@ OPTIONS: tuple[Option, ...] = (
             "report, and the run stops with exit code 124 (or restarts). A silent worker that computes is not "
             "hung.", SECONDS, allowed=SECONDS.allowed,
             variable="XLARUN_HANG_TIMEOUT", metavar="SECONDS", shown_default="off"),
+    _xlarun(("--metrics-textfile", "--metrics_textfile"),
+            "Keep the launch's state (up, attempt, restarts, workers running, each worker's exit code and peak "
+            "RSS, duration) in this file in Prometheus' text format, replaced whole at each change: for "
+            "node_exporter's textfile collector.", parse_file_to_write,
+            allowed="give a path to the .prom file to write", variable="XLARUN_METRICS_TEXTFILE", metavar="PATH"),
     _xlarun(("--allow-busy-device", "--allow_busy_device"),
             "Start even though other processes hold the device files (a device shared on purpose)."),
 )
