@@ -26,7 +26,8 @@ PLAN_KEYS = {"run_id": str, "device": str, "runtime": str, "node_rank": int, "nn
              "nproc_per_node": int, "world_size": int, "master_addr": str, "master_port": int,
              "rdzv_backend": str, "follows_torchrun": str, "rdzv_endpoint": str, "decided_at_rendezvous": list,
              "notices": list,
-             "assumed": list, "device_holders": list, "env_bytes": int, "workers": list}
+             "assumed": list, "device_holders": list, "env_bytes": int, "passed_through": dict, "files": dict,
+             "workers": list}
 WORKER_KEYS = {"local_rank": int, "rank": int, "argv": list, "env": dict}
 
 

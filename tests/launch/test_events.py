@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import finish, run_xlarun, wait_for, worker
+from helpers import finish, plan, run_xlarun, wait_for, worker
 from multinode import Nodes, listeners, static
 
 DUMP_ENV = worker("dump_env.py")
@@ -164,3 +164,12 @@ def test_a_lost_node_is_an_event_on_node_0_within_the_heartbeat_timeout(nodes: N
     # Node 1 wrote its own events, as node 1, up to its end: whole lines only.
     node1 = events(logs[1])
     assert node1 and {event["node_rank"] for event in node1} == {1}
+
+
+def test_the_dry_run_names_the_files_the_run_would_write(tmp_path: Path) -> None:
+    log, summary_file = tmp_path / "ev.jsonl", tmp_path / "run.json"
+    document = plan("--event-log", log, "--summary-file", summary_file, "--nproc-per-node", 1, DUMP_ENV)
+    assert {key: document["files"][key] for key in ("event_log", "summary_file")} == \
+           {"event_log": str(log), "summary_file": str(summary_file)}
+    assert not log.exists()
+    assert plan("--nproc-per-node", 1, DUMP_ENV)["files"]["event_log"] is None
