@@ -220,8 +220,8 @@ class EventBus:
             lane.thread.join(max(0.0, end - time.monotonic()))
             if lane.thread.is_alive():
                 with lane.events.mutex:
-                    waiting = sum(1 for item in lane.events.queue if item is not _CLOSE)
-                lane.dropped += waiting + lane.busy
+                    queued = sum(1 for item in lane.events.queue if item is not _CLOSE)
+                lane.dropped += queued + lane.busy
                 lane.last_error = lane.last_error or f"it took more than {deadline_s:g} s"
         for sink, count, why in self.drops():
             say(f"{sink}: {count} event{'s' if count != 1 else ''} dropped ({why})")
