@@ -456,7 +456,7 @@ def test_megascale_settings_are_read_for_several_slices_only(environ, expected):
     ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "c"},
      "MEGASCALE_COORDINATOR_ADDRESS='c' has no port"),
     ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "c:0"},
-     "MEGASCALE_COORDINATOR_ADDRESS='c:0' has no port"),
+     "MEGASCALE_COORDINATOR_ADDRESS='c:0' has port 0, not a TCP port"),
     ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_PORT": "0"},
      "MEGASCALE_PORT=0 is not a TCP port"),
     ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "SKIP_MEGASCALE_PJRT_CLIENT": "true"},

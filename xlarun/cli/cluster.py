@@ -312,15 +312,15 @@ def _slice_settings(kind: str, hosts: Sequence[str], worker: int, megascale_sour
                                master_port=None, run_id=None, device_environ=dict(device_environ or {}),
                                read_from=read_from)
     bounds = megascale_source.get("TPU_HOST_BOUNDS", "")
-    if re.fullmatch(r"[0-9]{1,4}(,[0-9]{1,4}){2}", bounds) and math.prod(map(int, bounds.split(","))) != len(hosts):
+    shape_hosts = math.prod(map(int, bounds.split(","))) if re.fullmatch(r"[0-9]{1,4}(,[0-9]{1,4}){2}", bounds) else None
+    if shape_hosts is not None and shape_hosts != len(hosts):
         # Every slice of a job has one shape: a host count off its own means the slices would not agree.
         raise UsageError(f"{flag('cluster')} {kind}: slice {settings.slice_id} lists {len(hosts)} hosts but its "
-                         f"host bounds {bounds} make {math.prod(map(int, bounds.split(',')))}: every slice of a "
-                         "multislice job must have as many hosts, node rank = slice id x hosts per slice + worker id")
+                         f"host bounds {bounds} make {shape_hosts}: every slice of a multislice job must have as "
+                         "many hosts, node rank = slice id x hosts per slice + worker id")
     master_addr = settings.coordinator_host or (hosts[0] if settings.slice_id == 0 else None)
-    slice_names = f"{megascale.NUM_SLICES}, {megascale.SLICE_ID}"
     read_from = {"nnodes": f"{megascale.NUM_SLICES}, {read_from['nnodes']}",
-                 "node_rank": f"{slice_names}, {read_from['node_rank']}",
+                 "node_rank": f"{megascale.NUM_SLICES}, {megascale.SLICE_ID}, {read_from['node_rank']}",
                  "master_addr": megascale.COORDINATOR if settings.coordinator else read_from["master_addr"]}
     return ClusterSettings(kind=kind, nnodes=settings.slices * len(hosts),
                            node_rank=megascale.node_rank(settings, worker, len(hosts)), master_addr=master_addr,
@@ -369,12 +369,13 @@ def _read_tpu_vm(environ: Mapping[str, str]) -> ClusterSettings:
         key, value = key.strip(), value.strip().strip("'\"")
         variable = key if key in megascale.NAMES else TPU_ENV_VARIABLES.get(key)
         pattern = _TPU_ENV_ADDRESS if key == megascale.COORDINATOR else _TPU_ENV_VALUE
-        if variable is not None and value and not pattern.fullmatch(value):
+        if variable is None or (key in megascale.NAMES and not value):  # an empty MegaScale key is an unset one
+            continue
+        if not pattern.fullmatch(value):
             raise UsageError(f"{flag('cluster')} tpu-vm: tpu-env's {key}='{shown(value, 40)}' is not "
                              + ("an address" if key == megascale.COORDINATOR else
                                 "a slice's shape (letters, digits and , . - _ such as v4-16 or 1,1,2)"))
-        if variable is not None and value:
-            facts.setdefault(variable, value)
+        facts.setdefault(variable, value)
     return _slice_settings("tpu-vm", hosts, node_rank, facts,
                            {"nnodes": "worker-network-endpoints", "node_rank": "agent-worker-number",
                             "master_addr": "worker-network-endpoints"}, device_environ=facts)

@@ -109,10 +109,12 @@ def read_megascale(environ: Mapping[str, str]) -> MegaScale | None:
     coordinator = environ.get(COORDINATOR, "").strip() or None
     if coordinator is not None:
         host, coordinator_port = split_port(coordinator)
-        if coordinator_port is None or not 1 <= coordinator_port <= 65535 or not host:
+        if coordinator_port is not None and not 1 <= coordinator_port <= 65535:
+            raise PlanError(f"{COORDINATOR}={coordinator!r} has port {coordinator_port}, not a TCP port (1-65535)")
+        if coordinator_port is None:
             raise PlanError(f"{COORDINATOR}={coordinator!r} has no port, so each process would append its own "
                             f"MEGASCALE_PORT and the slices would not agree where the coordinator listens: "
-                            f"give it one, e.g. {host_port(host or coordinator, DEFAULT_PORT)}")
+                            f"give it one, e.g. {host_port(host, DEFAULT_PORT)}")
     return MegaScale(slices=slices, slice_id=slice_id, coordinator=coordinator, port=port)
 
 
