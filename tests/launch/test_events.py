@@ -168,8 +168,10 @@ def test_a_lost_node_is_an_event_on_node_0_within_the_heartbeat_timeout(nodes: N
 
 def test_the_dry_run_names_the_files_the_run_would_write(tmp_path: Path) -> None:
     log, summary_file = tmp_path / "ev.jsonl", tmp_path / "run.json"
-    document = plan("--event-log", log, "--summary-file", summary_file, "--nproc-per-node", 1, DUMP_ENV)
-    assert {key: document["files"][key] for key in ("event_log", "summary_file")} == \
-           {"event_log": str(log), "summary_file": str(summary_file)}
-    assert not log.exists()
+    metrics = tmp_path / "xlarun.prom"
+    document = plan("--event-log", log, "--summary-file", summary_file, "--metrics-textfile", metrics,
+                    "--nproc-per-node", 1, DUMP_ENV)
+    assert document["files"] == {"event_log": str(log), "summary_file": str(summary_file),
+                                 "metrics_textfile": str(metrics)}
+    assert not log.exists() and not metrics.exists()
     assert plan("--nproc-per-node", 1, DUMP_ENV)["files"]["event_log"] is None

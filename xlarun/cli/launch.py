@@ -277,7 +277,8 @@ def check_command(config: LaunchConfig) -> None:
 
 def print_plan(prepared: PreparedLaunch, environ: Mapping[str, str]) -> int:
     """Print the dry run's plan on stdout, and on stderr the lines a real run would print with what was assumed."""
-    document = plan_document(prepared.config, prepared.device, environ, notices=prepared.notices)
+    document = plan_document(prepared.config, prepared.device, environ, notices=prepared.notices,
+                             files={"metrics_textfile": prepared.metrics_textfile})
     for line in (*document["notices"], *document["assumed"]):
         say(line)
     json.dump(document, sys.stdout, indent=2)

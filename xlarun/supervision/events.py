@@ -197,7 +197,7 @@ class EventBus:
     def close(self, deadline_s: float) -> None:
         """Let each sink take what is queued and close, for at most ``deadline_s`` in all; what is
         still queued then is counted as dropped, and the sink's thread is left behind (a daemon).
-        Each sink that dropped events says so in one line (the sink's ``str``)."""
+        Each sink that dropped events says so in one line (:func:`describe`)."""
         with self._lock:
             if self._closed:
                 return
@@ -224,7 +224,12 @@ class EventBus:
                 lane.dropped += queued + lane.busy
                 lane.last_error = lane.last_error or f"it took more than {deadline_s:g} s"
         for sink, count, why in self.drops():
-            say(f"{sink}: {count} event{'s' if count != 1 else ''} dropped ({why})")
+            say(f"{describe(sink)}: {count} event{'s' if count != 1 else ''} dropped ({why})")
+
+
+def describe(sink: Sink) -> str:
+    """How the drop line names a sink: its ``str`` where it has one of its own, else its class's name."""
+    return str(sink) if type(sink).__str__ is not object.__str__ else f"the event sink {type(sink).__name__}"
 
 
 NO_EVENTS = EventBus(())
