@@ -388,7 +388,8 @@ INTEGER_FIELDS = ("rank", "local_rank", "returncode", "pid", "node_rank", "nnode
 def failure_record(raw: bytes) -> FailureRecord | None:
     """A failure as another node published it; ``None`` for a record xlarun did not write (the
     store is anyone's to write to). Its short text fields come back escaped; the traceback is
-    escaped where it is printed, and kept to its last 64 KiB here."""
+    escaped where it is printed, and bounded here (a node publishes at most 64 KiB of it, under a
+    line saying what was cut: that passes whole)."""
     try:
         record = FailureRecord(**json.loads(raw))
     except (ValueError, TypeError):
@@ -400,4 +401,4 @@ def failure_record(raw: bytes) -> FailureRecord | None:
     if not (integers and texts and numbers and -64 <= record.returncode <= 255):
         return None
     return dataclasses.replace(record, host=shown(record.host), error_file=shown(record.error_file),
-                               reason=shown(record.reason), traceback=record.traceback[-64 * 1024:])
+                               reason=shown(record.reason), traceback=record.traceback[-128 * 1024:])
