@@ -18,7 +18,7 @@ from xlarun.supervision.systemd import SystemdNotify, socket_address
 from xlarun.supervision.torchrun_events import TorchrunConsoleSink, TorchrunIdentity
 
 IDENTITY = TorchrunIdentity(role="trainer", entry_point="python3", rdzv_backend="c10d", max_restarts=1,
-                            nproc_per_node=2, min_nodes=1)
+                            nproc_per_node=2)
 
 
 def event(name: str, attempt: int = 0, time: float = 1000.0, **attributes: object) -> Event:
@@ -78,10 +78,18 @@ def test_torchrun_lines_after_a_restart_tell_only_the_last_attempts_ends() -> No
 
 
 def test_torchrun_agent_fails_alone_when_a_signal_ends_the_run() -> None:
-    lines = run_of([started(0), started(1), exited(0, -15, True), exited(1, -15, True),
+    lines = run_of([event("rendezvous.completed", round=0, members=1, duration_s=0.1), started(0), started(1),
+                    exited(0, -15, True), exited(1, -15, True),
                     event("launch.finished", result="signalled", **{"process.exit.code": 143})])
     assert [line["metadata"]["state"] for line in lines][-1:] == ["FAILED"]
     assert lines[-1]["source"] == "AGENT" and len(lines) == 5  # the rendezvous pair, two starts, the agent
+
+
+def test_torchrun_workers_of_a_hung_group_read_terminated() -> None:
+    lines = run_of([event("rendezvous.completed", round=0, members=1, duration_s=0.1), started(0), started(1),
+                    exited(0, -15, True), exited(1, -15, True),
+                    event("launch.finished", result="hung", **{"process.exit.code": 124})])
+    assert [line["metadata"]["state"] for line in lines][4:] == ["TERMINATED", "TERMINATED", "SUCCEEDED"]
 
 
 def test_metrics_exposition_parses_and_escapes_labels(tmp_path: Path) -> None:
@@ -120,7 +128,7 @@ def test_ready_goes_once_when_every_worker_of_the_node_started() -> None:
 
 
 def test_a_killed_worker_reads_as_torchrun_and_python_tell_it(tmp_path: Path) -> None:
-    killed = [started(0), started(1), exited(0, -9, False), exited(1, 0, True),
+    killed = [event("rendezvous.completed", round=0, members=1, duration_s=0.1), started(0), started(1), exited(0, -9, False), exited(1, 0, True),
               event("launch.finished", result="failed", **{"process.exit.code": 137})]
     failed = run_of(killed)[4]["metadata"]
     assert failed["state"] == "FAILED" and json.loads(failed["metadata"])["exit_code"] == [-9]

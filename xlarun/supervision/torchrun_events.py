@@ -51,7 +51,6 @@ class TorchrunIdentity:
     rdzv_backend: str
     max_restarts: int
     nproc_per_node: int
-    min_nodes: int
 
     @staticmethod
     def of(config: LaunchConfig) -> TorchrunIdentity:
@@ -61,7 +60,7 @@ class TorchrunIdentity:
         return TorchrunIdentity(role=config.role,
                                 entry_point=os.path.basename(command.script if command.no_python else command.python),
                                 rdzv_backend=backend, max_restarts=config.max_restarts,
-                                nproc_per_node=config.nproc_per_node, min_nodes=config.min_nodes)
+                                nproc_per_node=config.nproc_per_node)
 
 
 @dataclass
@@ -83,7 +82,6 @@ class TorchrunConsoleSink:
     _group_world_size: int | None = None
     _restarts: int = 0
     _started_at: float | None = None
-    _rendezvous_told: bool = False
     _workers: dict[int, _Worker] = field(default_factory=dict)
     _hostname: str = ""
 
@@ -92,18 +90,16 @@ class TorchrunConsoleSink:
         if self._started_at is None:
             self._started_at = event.time
         if event.name == "rendezvous.completed":
-            members = attributes.get("members")
-            size = len(members) if isinstance(members, (list, tuple, dict)) else members
-            self._tell_rendezvous(event, cast(float, attributes.get("duration_s") or 0.0) * 1000,
-                                  size if isinstance(size, int) else None)
+            # torchrun's agent tells both before it records the round's outcome on its worker group.
+            self._emit(event, "RENDEZVOUS", "AGENT", duration_ms=cast(float, attributes["duration_s"]) * 1000)
+            self._emit(event, "ASSIGN_WORKER_RANKS", "AGENT", duration_ms=0.0)
+            self._group_rank = event.node_rank if event.node_rank is not None else 0
+            self._group_world_size = cast(int, attributes["members"])
         elif event.name == "restart":
             # Letting waiting nodes in restarts the workers without spending a restart, as in torchrun.
             self._restarts += 0 if attributes.get("admitting") else 1
-            self._rendezvous_told = False
             self._workers = {}
         elif event.name == "worker.started":
-            if not self._rendezvous_told:  # a static node has no rendezvous round: torchrun still tells one
-                self._tell_rendezvous(event, 0.0, self.identity.min_nodes)
             worker = _Worker(cast(int, attributes["rank"]), cast(int, attributes["local_rank"]),
                              cast(int, attributes["process.pid"]))
             self._workers[worker.rank] = worker
@@ -118,24 +114,18 @@ class TorchrunConsoleSink:
     def close(self) -> None:
         pass
 
-    def _tell_rendezvous(self, event: Event, duration_ms: float, group_world_size: int | None) -> None:
-        # torchrun's agent tells both before it records the round's outcome on its worker group.
-        self._emit(event, "RENDEZVOUS", "AGENT", duration_ms=duration_ms)
-        self._emit(event, "ASSIGN_WORKER_RANKS", "AGENT", duration_ms=0.0)
-        self._group_rank = event.node_rank if event.node_rank is not None else 0
-        self._group_world_size = group_world_size
-        self._rendezvous_told = True
-
     def _tell_end(self, event: Event) -> None:
         result = event.attributes.get("result")
         run_time = int(event.time - (self._started_at or event.time))
-        if result in ("signalled", "launcher_error") or not self._workers:
-            # torchrun's agent.run() raised: no worker events, the agent FAILED.
+        if result in ("signalled", "launcher_error", "refused") or (not self._workers and result != "not_needed"):
+            # torchrun's agent.run() raised: no worker events, the agent FAILED. A node the job ended
+            # without returns, as torchrun's on RendezvousGracefulExitError.
             reason = event.attributes.get("root_cause")
             self._emit(event, "FAILED", "AGENT", run_time=run_time,
                        raw_error=json.dumps(reason) if reason is not None else f"xlarun: {result}")
             return
-        group_failed = any(worker.exit is None or not worker.exit.attributes.get("expected")
+        # A hung group, or one another node's failure stopped, failed though none of its workers did.
+        group_failed = result != "succeeded" or any(worker.exit is None or not worker.exit.attributes.get("expected")
                            for worker in self._workers.values())
         for worker in sorted(self._workers.values(), key=lambda w: w.rank):
             failed = worker.exit is None or not worker.exit.attributes.get("expected")
@@ -155,7 +145,7 @@ class TorchrunConsoleSink:
         identity = self.identity
         inner: dict[str, object] = {"group_world_size": self._group_world_size, "entry_point": identity.entry_point}
         if worker is not None:
-            world_size = (self._group_world_size or identity.min_nodes) * identity.nproc_per_node
+            world_size = (self._group_world_size or 1) * identity.nproc_per_node
             inner.update(local_rank=[worker.local_rank], role_rank=[worker.rank], role_world_size=[world_size],
                          exit_code=[exit_code], worker_pid=[worker_pid])
         if not self._hostname:
