@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xlarun.supervision.events import Event
+from xlarun.supervision.events import Event, describe
 from xlarun.supervision.metrics import MetricsTextfile
 from xlarun.supervision.systemd import SystemdNotify, socket_address
 from xlarun.supervision.torchrun_events import TorchrunConsoleSink, TorchrunIdentity
@@ -139,3 +139,9 @@ def test_a_killed_worker_reads_as_torchrun_and_python_tell_it(tmp_path: Path) ->
     text = (tmp_path / "m.prom").read_text()
     assert 'xlarun_worker_exit_code{run_id="job 1",node_rank="0",rank="0",local_rank="0"} -9.0' in text
     assert 'xlarun_exit_code{run_id="job 1",node_rank="0"} 137.0' in text
+
+
+def test_a_drop_line_names_each_sink() -> None:
+    assert describe(MetricsTextfile("m.prom")) == "the metrics file m.prom"
+    assert describe(SystemdNotify("/run/notify", 1)) == "systemd's NOTIFY_SOCKET"
+    assert describe(TorchrunConsoleSink(IDENTITY, print)) == "--event-log-handler console"

@@ -86,6 +86,9 @@ class MetricsTextfile:
         values["last_event_timestamp_seconds"] = event.time
         self._write(self.exposition(event))
 
+    def __str__(self) -> str:
+        return f"the metrics file {self.path}"
+
     def close(self) -> None:
         pass
 

@@ -75,6 +75,9 @@ class SystemdNotify:
         self._send(("READY=1\n" if ready else "") + f"STATUS={status}")
         self._ready = self._ready or ready
 
+    def __str__(self) -> str:
+        return "systemd's NOTIFY_SOCKET"
+
     def close(self) -> None:
         if self._socket is not None:
             self._socket.close()

@@ -111,6 +111,9 @@ class TorchrunConsoleSink:
         elif event.name == "launch.finished":
             self._tell_end(event)
 
+    def __str__(self) -> str:
+        return "--event-log-handler console"
+
     def close(self) -> None:
         pass
 
