@@ -1,7 +1,7 @@
 """The package's layers only look down, and the supervision layer stays small.
 
 Each module belongs to a layer: its subpackage (``cli``, ``planning``, ``supervision``,
-``rendezvous``, ``runtimes``, ``host``, ``worker``), or ``leaf`` for the shared modules directly
+``rendezvous``, ``runtimes``, ``host``, ``worker``, ``remote``), or ``leaf`` for the shared modules directly
 under ``xlarun/``. :data:`MAY_IMPORT` says which layers each one may import; every ``import``
 in the package, at any depth (inside functions and ``TYPE_CHECKING`` blocks too), is checked
 against it.
@@ -18,7 +18,7 @@ from pathlib import Path
 from helpers import REPO
 
 PACKAGE = REPO / "xlarun"
-LAYERS = ("cli", "planning", "supervision", "rendezvous", "runtimes", "host", "worker")
+LAYERS = ("cli", "remote", "planning", "supervision", "rendezvous", "runtimes", "host", "worker")
 MAY_IMPORT = {
     "leaf": {"leaf"},
     "host": {"leaf", "host"},
@@ -28,7 +28,9 @@ MAY_IMPORT = {
     "supervision": {"leaf", "host", "rendezvous", "supervision"},
     # Workers run no plan: what they share with the launcher is the contract, a leaf (xlarun.contract).
     "worker": {"leaf", "host", "runtimes", "worker"},
-    "cli": {"api", "leaf", "host", "runtimes", "rendezvous", "planning", "supervision", "cli"},
+    # The fan-out over hosts: what a host is sent and how; the dry run's rule of what looks secret; the signal inbox.
+    "remote": {"leaf", "host", "planning", "supervision", "remote"},
+    "cli": {"api", "leaf", "host", "runtimes", "rendezvous", "planning", "supervision", "remote", "cli"},
     # The package itself: xlarun.record, and the worker helpers loaded on first use.
     "api": {"leaf", "worker"},
 }
