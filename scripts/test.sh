@@ -9,7 +9,7 @@
 #      .venv-next  the newest torch that installs here, with torch_tpu and libtpu and no torch_xla:
 #                  its unit layer and every launch test that needs no torch_xla and could differ
 #                  from one torch release to the next (markers torch_xla, release_matrix, examples,
-#                  slurm and torch_free left out, whatever -m selects), with device backends not
+#                  slurm, ssh and torch_free left out, whatever -m selects), with device backends not
 #                  autoloaded except where a test asks for them;
 #   3. the wheel: built, installed into a fresh virtual environment, and run from there
 #      (scripts/check-wheel.sh: xlarun --version and a two-worker launch).
@@ -33,7 +33,7 @@ for stack in $stacks; do
     scripts/setup-venv.sh "$stack" >"$logs/$stack" 2>&1 &
     setups+=("$!:$stack")
 done
-# Open MPI's mpirun, Slurm's scontrol, zsh and tcsh for the tests that run them (Debian's packages, as root);
+# Open MPI's mpirun, Slurm's scontrol, zsh, tcsh and OpenSSH's sshd for the tests that run them (Debian's packages, as root);
 # where they cannot be installed those tests skip, except under CI, where they fail.
 { scripts/install-test-programs.sh || true; } >"$logs/programs" 2>&1 &
 setups+=("$!:programs")
@@ -75,7 +75,7 @@ run_pytest() {
     case "$stack" in
         xla) XLARUN_TESTS_LEAVE_OUT=$leave_out .venv/bin/python -m pytest "$@" ;;
         next) TORCH_DEVICE_BACKEND_AUTOLOAD=0 \
-                  XLARUN_TESTS_LEAVE_OUT=torch_xla,release_matrix,examples,slurm,torch_free${leave_out:+,$leave_out} \
+                  XLARUN_TESTS_LEAVE_OUT=torch_xla,release_matrix,examples,slurm,ssh,torch_free${leave_out:+,$leave_out} \
                   .venv-next/bin/python -m pytest "$@" ;;
     esac
 }

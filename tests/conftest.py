@@ -9,6 +9,9 @@
 - ``slurm_env``: a session fixture, the environment for ``srun`` on the Slurm test cluster, which
   it stops at the end of the session unless another session still uses it. Tests that use it
   carry the ``slurm`` marker, so ``-m "not slurm"`` never starts the cluster.
+- ``ssh_hosts``: a session fixture, the private OpenSSH server on loopback with its three hosts
+  ``h1``, ``h2``, ``h3`` (:class:`sshd.SshHosts`), stopped at the end of the session. Tests that
+  use it carry the ``ssh`` marker.
 
 Every test under ``tests/unit/`` carries the ``unit`` marker (in-process, no launcher started)
 and every test under ``tests/launch/`` the ``launch`` marker (real processes), given here by
@@ -25,6 +28,8 @@ from pathlib import Path
 import pytest
 from helpers import TESTS, free_port, use_launcher_tmpdir
 from multinode import Nodes
+from sshd import SshHosts
+from sshd import ssh_hosts as private_sshd
 
 UNIT = TESTS / "unit"
 LAUNCH = TESTS / "launch"
@@ -109,11 +114,20 @@ def slurm_env() -> Iterator[dict[str, str]]:
         yield env
 
 
+@pytest.fixture(scope="session")
+def ssh_hosts() -> Iterator[SshHosts]:
+    """The private sshd on 127.0.0.2-4 and the client configuration that reaches it as ``h1``-``h3``
+    (see ``tests/sshd.py``), started once per session and stopped with every session it served."""
+    with private_sshd() as hosts:
+        yield hosts
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark the layers by folder and the launch files of :data:`TORCH_FREE`, leave out the markers ``XLARUN_TESTS_LEAVE_OUT`` names, and
-    refuse a test that uses ``slurm_env`` without the ``slurm`` marker: ``-m "not slurm"`` would
-    select it and start the cluster that the marker promises to leave alone.
+    refuse a test that uses ``slurm_env`` without the ``slurm`` marker (or ``ssh_hosts`` without
+    ``ssh``): ``-m "not slurm"`` would select it and start the cluster that the marker promises to
+    leave alone.
 
     ``XLARUN_TESTS_LEAVE_OUT`` (markers, comma-separated) is how ``scripts/test.sh`` keeps the
     newer stack to the tests that need no torch_xla. It holds whatever ``-m`` is given as well,
@@ -134,10 +148,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
-    unmarked = [item.nodeid for item in items
-                if "slurm_env" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None]
-    if unmarked:
-        raise pytest.UsageError("tests using slurm_env need @pytest.mark.slurm: " + ", ".join(unmarked))
+    for fixture, marker in (("slurm_env", "slurm"), ("ssh_hosts", "ssh")):
+        unmarked = [item.nodeid for item in items
+                    if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None]
+        if unmarked:
+            raise pytest.UsageError(f"tests using {fixture} need @pytest.mark.{marker}: " + ", ".join(unmarked))
 
 
 @pytest.fixture
