@@ -98,6 +98,13 @@ class HostPlan:
     """The launcher's xlarun version: a host with another one is refused before anything starts."""
     master_addr: str = ""
     """Node 0's address as planned: the first host as named, or the user's ``--master-addr``."""
+    program: str = "script"
+    """What the command after ``--`` in ``argv`` is: a Python ``script``, a ``module`` (``--module``) or a
+    ``program`` on PATH (``--no-python``); the host looks for it before it reports ready."""
+    device: str = "auto"
+    """``--device`` as given: each host resolves ``auto`` itself and looks for holders of that device's files."""
+    allow_busy_device: bool = False
+    """``--allow-busy-device``: the host does not refuse a device that other processes hold."""
 
     def node_argv(self, master_addr: str) -> list[str]:
         """The argv of the node's xlarun with node 0 at ``master_addr`` (none where the host reads it itself)."""
@@ -123,7 +130,8 @@ class HostPlan:
 def plan_hosts(hosts: Sequence[str], node_options: Sequence[str], command: Sequence[str], *, run_id: str,
                master_port: int, cwd: str, env: Mapping[str, str], host_timeout: float, version: str,
                master_addr: str | None = None, prefix_given: bool = False, streams_given: bool = False,
-               cluster_ranks: bool = False) -> list[HostPlan]:
+               cluster_ranks: bool = False, program: str = "script", device: str = "auto",
+               allow_busy_device: bool = False) -> list[HostPlan]:
     """One plan per host, node 0 on the first.
 
     ``node_options`` are the user's options that every node takes unchanged (the fan-out's own
@@ -145,6 +153,6 @@ def plan_hosts(hosts: Sequence[str], node_options: Sequence[str], command: Seque
         argv = (*node_options, *shown, *node, "--", *command)
         plans.append(HostPlan(host=host, index=index, node_rank=None if cluster_ranks else index, nnodes=len(hosts),
                               run_id=run_id, argv=argv, cwd=cwd, env=dict(env), host_timeout=host_timeout,
-                              version=version,
+                              version=version, program=program, device=device, allow_busy_device=allow_busy_device,
                               master_addr="" if cluster_ranks else master_addr or hosts[0]))
     return plans
