@@ -19,9 +19,10 @@ def plans(**overrides: object) -> list[HostPlan]:
 def test_node_ranks_follow_the_host_list_with_node_0_on_the_first_host() -> None:
     first, second = plans()
     assert (first.node_rank, second.node_rank, second.nnodes, second.master_addr) == (0, 1, 2, "h1")
-    assert second.node_argv("10.0.0.1") == [
-        "--master-addr=10.0.0.1", "--nproc-per-node=2", "--tee=3", "--log-line-prefix-template=h2:${rank}: ",
-        "--nnodes=2", "--node-rank=1", "--master-port=29500", "--rdzv-id=r1", "--", "train.py", "--lr", "1"]
+    assert second.node_argv("10.0.0.1", 29501) == [
+        "--master-addr=10.0.0.1", "--master-port=29501", "--nproc-per-node=2", "--tee=3",
+        "--log-line-prefix-template=h2:${rank}: ", "--nnodes=2", "--node-rank=1", "--rdzv-id=r1", "--", "train.py",
+        "--lr", "1"]
 
 
 def test_the_user_s_streams_and_prefix_are_kept() -> None:
@@ -32,7 +33,7 @@ def test_the_user_s_streams_and_prefix_are_kept() -> None:
 def test_tpu_vm_hosts_read_their_ranks_themselves() -> None:
     plan = plans(cluster_ranks=True)[1]
     assert plan.node_rank is None and "--cluster=tpu-vm" in plan.argv and "--node-rank=1" not in plan.argv
-    assert plan.node_argv(plan.master_addr)[0] == "--nproc-per-node=2"
+    assert plan.node_argv(plan.master_addr, None)[0] == "--nproc-per-node=2"
 
 
 def test_a_plan_survives_its_json_line() -> None:
@@ -84,6 +85,6 @@ def test_reports_are_told_from_output() -> None:
     assert read_report(report.line()) == report
     assert read_report(b"h1:0: hello\n") is None
     assert read_order(b"\n") == ("", {})
-    assert read_order(go_line("10.0.0.1")) == ("go", {"master_addr": "10.0.0.1"})
+    assert read_order(go_line("10.0.0.1", 29501)) == ("go", {"master_addr": "10.0.0.1", "master_port": 29501})
     assert read_order(stop_line()) == ("stop", {})
     assert read_order(b"nonsense\n") == ("stop", {})

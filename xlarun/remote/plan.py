@@ -78,8 +78,9 @@ class HostPlan:
     """Everything one host's agent needs, sent as one JSON line on its standard input.
 
     ``argv`` is xlarun's own argv on that host (options, ``--``, the script and its arguments)
-    without ``--master-addr``: node 0's address is settled once every host is ready (its address as
-    the others reach it may only be known then) and sent with ``go``; :meth:`node_argv` adds it.
+    without ``--master-addr`` and ``--master-port``: node 0's address and store port are settled once every
+    host is ready (its address as the others reach it, and a port free on it, are known only there) and
+    sent with ``go``; :meth:`node_argv` adds them.
     """
 
     host: str
@@ -97,7 +98,11 @@ class HostPlan:
     version: str = ""
     """The launcher's xlarun version: a host with another one is refused before anything starts."""
     master_addr: str = ""
-    """Node 0's address as planned: the first host as named, or the user's ``--master-addr``."""
+    """Node 0's address as planned: the first host as named, or the user's ``--master-addr``; empty where the
+    hosts read it themselves."""
+    master_port: int | None = None
+    """The user's ``--master-port``; None: node 0's agent picks a free port on its host (two jobs on the same
+    hosts then never meet at one port)."""
     program: str = "script"
     """What the command after ``--`` in ``argv`` is: a Python ``script``, a ``module`` (``--module``) or a
     ``program`` on PATH (``--no-python``); the host looks for it before it reports ready."""
@@ -106,9 +111,12 @@ class HostPlan:
     allow_busy_device: bool = False
     """``--allow-busy-device``: the host does not refuse a device that other processes hold."""
 
-    def node_argv(self, master_addr: str) -> list[str]:
-        """The argv of the node's xlarun with node 0 at ``master_addr`` (none where the host reads it itself)."""
-        return [f"{flag('master_addr')}={master_addr}", *self.argv] if master_addr else list(self.argv)
+    def node_argv(self, master_addr: str, master_port: int | None) -> list[str]:
+        """The argv of the node's xlarun with node 0's store at ``master_addr:master_port`` (neither where the
+        host reads them itself)."""
+        if not master_addr:
+            return list(self.argv)
+        return [f"{flag('master_addr')}={master_addr}", f"{flag('master_port')}={master_port}", *self.argv]
 
     def to_json(self) -> str:
         """One line of JSON (no newline inside: every value's newlines are escaped)."""
@@ -128,7 +136,7 @@ class HostPlan:
 
 
 def plan_hosts(hosts: Sequence[str], node_options: Sequence[str], command: Sequence[str], *, run_id: str,
-               master_port: int, cwd: str, env: Mapping[str, str], host_timeout: float, version: str,
+               master_port: int | None, cwd: str, env: Mapping[str, str], host_timeout: float, version: str,
                master_addr: str | None = None, prefix_given: bool = False, streams_given: bool = False,
                cluster_ranks: bool = False, program: str = "script", device: str = "auto",
                allow_busy_device: bool = False) -> list[HostPlan]:
@@ -148,11 +156,10 @@ def plan_hosts(hosts: Sequence[str], node_options: Sequence[str], command: Seque
         if cluster_ranks:
             node = [f"{flag('cluster')}=tpu-vm", f"{flag('rdzv_id')}={run_id}"]
         else:
-            node = [f"{flag('nnodes')}={len(hosts)}", f"{flag('node_rank')}={index}",
-                    f"{flag('master_port')}={master_port}", f"{flag('rdzv_id')}={run_id}"]
+            node = [f"{flag('nnodes')}={len(hosts)}", f"{flag('node_rank')}={index}", f"{flag('rdzv_id')}={run_id}"]
         argv = (*node_options, *shown, *node, "--", *command)
         plans.append(HostPlan(host=host, index=index, node_rank=None if cluster_ranks else index, nnodes=len(hosts),
                               run_id=run_id, argv=argv, cwd=cwd, env=dict(env), host_timeout=host_timeout,
-                              version=version, program=program, device=device, allow_busy_device=allow_busy_device,
+                              version=version, master_port=master_port, program=program, device=device, allow_busy_device=allow_busy_device,
                               master_addr="" if cluster_ranks else master_addr or hosts[0]))
     return plans

@@ -4,7 +4,8 @@ Launcher to agent (the agent's stdin):
 
 - the first line: the host's plan, JSON (:class:`~xlarun.remote.plan.HostPlan`);
 - an empty line every ``host_timeout / 3`` seconds: the heartbeat;
-- ``go {"master_addr": ...}``: every host is ready, start the workers with node 0 there;
+- ``go {"master_addr": ..., "master_port": ...}``: every host is ready, start the workers with node 0's
+  store there;
 - ``stop``: stop the workers (the usual teardown);
 - end of file: the launcher or the connection is gone, so the agent stops its workers too.
 
@@ -32,7 +33,8 @@ HEARTBEATS_PER_TIMEOUT = 3
 class AgentReport:
     """A marker line from an agent: ``kind`` is :data:`READY`, :data:`REFUSED` or :data:`END`.
 
-    ``ready``: ``{"address": node's address as the launcher reached it, or null}``;
+    ``ready``: ``{"address": the host's address as the launcher reached it, or null; "port": a port free
+    there, or null}``;
     ``refused``: ``{"reason": one line}``; ``end``: ``{"exit_code": N, "summary": the node's summary or null}``.
     """
 
@@ -57,8 +59,8 @@ def read_report(line: bytes) -> AgentReport | None:
     return AgentReport(kind, data)
 
 
-def go_line(master_addr: str) -> bytes:
-    return f"{GO} {json.dumps({'master_addr': master_addr})}\n".encode()
+def go_line(master_addr: str, master_port: int | None) -> bytes:
+    return f"{GO} {json.dumps({'master_addr': master_addr, 'master_port': master_port})}\n".encode()
 
 
 def stop_line() -> bytes:
