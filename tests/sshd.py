@@ -30,7 +30,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NoReturn
@@ -44,6 +44,8 @@ HOSTS = {"h1": "127.0.0.2", "h2": "127.0.0.3", "h3": "127.0.0.4"}
 # sshd refuses to start without its privilege separation directory, root-owned (Debian's init
 # script creates it at boot, which a container never runs).
 PRIVSEP_DIR = Path("/run/sshd")
+IDENTITY = "id_ed25519"
+"""The authorized key's private half, in the fixture's directory."""
 # sshd answers within a second once it listens; this only stops a hang.
 START_TIMEOUT_S = 20
 STOP_TIMEOUT_S = 10
@@ -67,10 +69,11 @@ class SshHosts:
         """The daemon's own log (``sshd -e``), for a failing test to show."""
         return self.directory / "sshd.log"
 
-    def config_with_identity(self, path: Path, identity: Path) -> Path:
-        """Write at ``path`` a client configuration like :attr:`config` that offers ``identity``
-        instead of the authorized key, and return ``path``."""
-        path.write_text(_client_config(self.port, identity, self.directory / "known_hosts"))
+    def config_with_identity(self, path: Path, identity: Path, aliases: Collection[str]) -> Path:
+        """Write at ``path`` a client configuration like :attr:`config` whose ``aliases`` offer
+        ``identity`` instead of the authorized key, and return ``path``."""
+        identities = {alias: identity if alias in aliases else self.directory / IDENTITY for alias in HOSTS}
+        path.write_text(_client_config(self.port, identities, self.directory / "known_hosts"))
         return path
 
     def sessions_to(self, alias: str) -> list[psutil.Process]:
@@ -108,7 +111,7 @@ def ssh_hosts() -> Iterator[SshHosts]:
 
 def _start(directory: Path) -> SshHosts:
     host_key = _keygen(directory / "host_key")
-    identity = _keygen(directory / "id_ed25519")
+    identity = _keygen(directory / IDENTITY)
     (directory / "authorized_keys").write_text(Path(f"{identity}.pub").read_text())
     for _ in range(BIND_ATTEMPTS):
         port = _port_free_on_every_host()
@@ -118,7 +121,7 @@ def _start(directory: Path) -> SshHosts:
         addresses = ",".join(f"[{address}]:{port}" for address in HOSTS.values())
         known_hosts.write_text(f"{addresses} {Path(f'{host_key}.pub').read_text()}")
         config = directory / "ssh_config"
-        config.write_text(_client_config(port, identity, known_hosts))
+        config.write_text(_client_config(port, dict.fromkeys(HOSTS, identity), known_hosts))
         with open(directory / "sshd.log", "w") as log:
             daemon = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(server_config)], stdin=subprocess.DEVNULL,
                                       stdout=log, stderr=log, start_new_session=True)
@@ -154,12 +157,12 @@ def _server_config(directory: Path, port: int, host_key: Path) -> str:
             "LogLevel VERBOSE\n")
 
 
-def _client_config(port: int, identity: Path, known_hosts: Path) -> str:
+def _client_config(port: int, identities: Mapping[str, Path], known_hosts: Path) -> str:
     return "".join(f"Host {alias}\n"
                    f"    HostName {address}\n"
                    f"    Port {port}\n"
                    "    User root\n"
-                   f"    IdentityFile {identity}\n"
+                   f"    IdentityFile {identities[alias]}\n"
                    "    IdentitiesOnly yes\n"
                    "    IdentityAgent none\n"
                    f"    UserKnownHostsFile {known_hosts}\n"
