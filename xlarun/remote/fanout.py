@@ -1,0 +1,331 @@
+"""The launcher's side of a multi-host job: one transport per host, one loop over all of them.
+
+Every host's agent is started at once and sent its plan; only once every host said ``ready`` do
+they all get ``go`` (with node 0's address and store port), so a host that cannot run the job (no
+interpreter, a refused key, a busy device, a missing directory) costs no worker anywhere: one line
+per failing host, every other one told to stop, exit 1.
+
+Then the loop relays each host's output line by line, stdout to stdout and stderr to stderr (each
+line whole, as the host's node wrote it: with ``--tee`` its workers' lines carry their
+``host:rank`` prefix), sends heartbeats, and waits for every host's ``end``. A worker failing on
+any host stops every host through the rendezvous; SIGINT or SIGTERM sends ``stop`` to every host
+and exits 128+N once every host reported its workers gone; a second one closes every agent's
+input (each kills its node). A transport that exits without its agent's ``end`` is a lost host:
+one line naming it and the transport's exit status, every other host stopped, exit 1.
+
+The exit code is otherwise the root cause's: the first non-zero node exit code in node-rank order
+(node 0's first: its node holds the job's root cause).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import selectors
+import signal
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from xlarun.console import console, say
+from xlarun.flags import flag
+from xlarun.remote.plan import HostPlan
+from xlarun.remote.protocol import (
+    END,
+    HEARTBEAT,
+    HEARTBEATS_PER_TIMEOUT,
+    READY,
+    REFUSED,
+    go_line,
+    read_report,
+    stop_line,
+)
+from xlarun.supervision.signals import SignalInbox
+
+STDERR_LINES_KEPT = 5
+"""The transport's last stderr lines kept per host: where ssh says why it could not connect."""
+LOST_EXIT_CODE = 1
+STOPPED_AFTER_FAILURE_S = 10.0
+"""How long the other hosts get to end by themselves (the rendezvous tells them) after one host's node
+failed, before they are told to stop."""
+
+
+@dataclass
+class Host:
+    """One host's transport and what it said so far."""
+
+    plan: HostPlan
+    argv: list[str]
+    remote_python: str
+    process: subprocess.Popen[bytes] | None = None
+    outbox: bytearray = field(default_factory=bytearray)
+    partial: dict[int, bytes] = field(default_factory=dict)
+    open_streams: int = 2
+    stderr_tail: list[str] = field(default_factory=list)
+    ready: dict[str, Any] | None = None
+    refused: str | None = None
+    end: dict[str, Any] | None = None
+    exit_status: int | None = None
+    stop_sent: bool = False
+
+    @property
+    def gone(self) -> bool:
+        """The transport exited and both its streams reached their end."""
+        return self.exit_status is not None and self.open_streams == 0
+
+    def send(self, data: bytes) -> None:
+        if self.process is not None and self.process.stdin is not None and not self.process.stdin.closed:
+            self.outbox += data
+
+    def cause(self) -> str:
+        """Why the host ended without its agent's end: the agent's refusal, else what its transport left
+        on stderr before the agent was ready (ssh's ``Permission denied (publickey).``), else a lost connection."""
+        if self.refused is not None:
+            return self.refused
+        said = self.stderr_tail[-1] if self.stderr_tail else ""
+        if self.ready is None and (self.exit_status == 127 or said.endswith(("not found", "No such file or directory"))):
+            return f"{self.remote_python} not found; pass {flag('remote_python')}"
+        if self.ready is None and said:
+            return said
+        return f"connection lost ({os.path.basename(self.argv[0])} exit {self.exit_status})"
+
+
+class FanOut:
+    """The loop over every host's transport; :meth:`run` returns the job's exit code."""
+
+    def __init__(self, plans: Sequence[HostPlan], argvs: Sequence[list[str]], remote_python: str, *,
+                 master_addr: str | None = None, summary_file: str | None = None,
+                 stop_signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)):
+        """``master_addr``: the user's ``--master-addr``; without it node 0 is found where the transport
+        reached the first host (its ``ready``), else by the first host's name."""
+        self.hosts = [Host(plan, argv, remote_python) for plan, argv in zip(plans, argvs, strict=True)]
+        self.master_addr = master_addr
+        self.stop_signals = tuple(stop_signals)
+        self.summary_file = summary_file
+        self.selector = selectors.DefaultSelector()
+        self.signal_code: int | None = None
+        self.failed: list[str] = []
+        self.go_sent = False
+        self.first_failure_at: float | None = None
+
+    def run(self) -> int:
+        with SignalInbox(self.stop_signals) as inbox:
+            self.selector.register(inbox.fd, selectors.EVENT_READ, ("signals", None))
+            for host in self.hosts:
+                self.start(host)
+            interval = min(host.plan.host_timeout for host in self.hosts) / HEARTBEATS_PER_TIMEOUT
+            next_beat = time.monotonic() + interval
+            while not all(host.gone for host in self.hosts):
+                self.watch_outboxes()
+                for key, _ in self.selector.select(max(0.0, min(next_beat - time.monotonic(), 0.5))):
+                    kind, host = key.data
+                    if kind == "signals":
+                        for number in inbox.drain():
+                            self.on_signal(number)
+                    elif kind == "stdin":
+                        self.write_stdin(host)
+                    elif kind == "exit":
+                        self.on_exit(host)
+                    else:
+                        self.read_stream(host, key.fd)
+                if time.monotonic() >= next_beat:
+                    next_beat = time.monotonic() + interval
+                    for host in self.hosts:
+                        if not host.gone:
+                            host.send(HEARTBEAT)
+                self.advance()
+            for host in self.hosts:
+                self.close_stdin(host)
+        return self.finish()
+
+    # -- starting and feeding the transports
+
+    def start(self, host: Host) -> None:
+        try:
+            # A session of its own: a Ctrl-C on the launcher's terminal reaches the launcher only, which then
+            # stops every host in order, rather than killing the ssh clients (every host lost at once).
+            host.process = subprocess.Popen(host.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                            stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as error:
+            host.refused = f"cannot start {host.argv[0]}: {error.strerror}"
+            host.exit_status, host.open_streams = 127, 0
+            return
+        assert host.process.stdin and host.process.stdout and host.process.stderr
+        for stream in (host.process.stdin, host.process.stdout, host.process.stderr):
+            os.set_blocking(stream.fileno(), False)
+        self.selector.register(host.process.stdout, selectors.EVENT_READ, ("out", host))
+        self.selector.register(host.process.stderr, selectors.EVENT_READ, ("err", host))
+        pidfd = os.pidfd_open(host.process.pid)
+        self.selector.register(pidfd, selectors.EVENT_READ, ("exit", host))
+        host.send(host.plan.to_json().encode() + b"\n")
+
+    def watch_outboxes(self) -> None:
+        for host in self.hosts:
+            stdin = host.process.stdin if host.process else None
+            if stdin is None or stdin.closed:
+                continue
+            wanted = bool(host.outbox)
+            registered = stdin.fileno() in self.selector.get_map()
+            if wanted and not registered:
+                self.selector.register(stdin, selectors.EVENT_WRITE, ("stdin", host))
+            elif registered and not wanted:
+                self.selector.unregister(stdin)
+
+    def write_stdin(self, host: Host) -> None:
+        assert host.process and host.process.stdin
+        try:
+            written = os.write(host.process.stdin.fileno(), host.outbox)
+        except BlockingIOError:
+            return
+        except OSError:
+            self.close_stdin(host)  # the transport is gone; its exit tells the rest
+            return
+        del host.outbox[:written]
+
+    def close_stdin(self, host: Host) -> None:
+        stdin = host.process.stdin if host.process else None
+        if stdin is None or stdin.closed:
+            return
+        if stdin.fileno() in self.selector.get_map():
+            self.selector.unregister(stdin)
+        host.outbox.clear()
+        try:
+            stdin.close()
+        except OSError:
+            pass
+
+    # -- what the hosts say
+
+    def read_stream(self, host: Host, fd: int) -> None:
+        try:
+            data = os.read(fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        target = 1 if host.process and host.process.stdout and fd == host.process.stdout.fileno() else 2
+        if not data:
+            rest = host.partial.pop(fd, b"")
+            if rest:
+                self.line(host, target, rest + b"\n")
+            self.selector.unregister(fd)
+            host.open_streams -= 1
+            return
+        *lines, host.partial[fd] = (host.partial.get(fd, b"") + data).split(b"\n")
+        for line in lines:
+            self.line(host, target, line + b"\n")
+
+    def line(self, host: Host, target: int, line: bytes) -> None:
+        report = read_report(line) if target == 1 else None
+        if report is None:
+            if target == 2 and host.ready is None:
+                # The transport's or the agent's own words before the node runs: kept for the host's one line.
+                host.stderr_tail = [*host.stderr_tail, line.decode(errors="replace").strip()][-STDERR_LINES_KEPT:]
+            else:
+                console(target).write(line)
+        elif report.kind == READY:
+            host.ready = report.data
+        elif report.kind == REFUSED:
+            host.refused = str(report.data.get("reason", "refused"))
+        elif report.kind == END:
+            host.end = report.data
+
+    def on_exit(self, host: Host) -> None:
+        assert host.process
+        for key in list(self.selector.get_map().values()):
+            if key.data == ("exit", host):
+                self.selector.unregister(key.fd)
+                os.close(key.fd)
+        host.exit_status = host.process.wait()
+        if host.exit_status < 0:
+            host.exit_status = 128 - host.exit_status
+
+    def on_signal(self, number: int) -> None:
+        if number not in self.stop_signals:
+            return
+        if self.signal_code is None:
+            self.signal_code = 128 + number
+            self.stop_all()
+        else:
+            for host in self.hosts:
+                self.close_stdin(host)  # each agent kills its node
+
+    # -- the job's course
+
+    def stop_all(self) -> None:
+        for host in self.hosts:
+            if not host.stop_sent and not host.gone:
+                host.stop_sent = True
+                host.send(stop_line())
+
+    def advance(self) -> None:
+        """Act on what the hosts said: refusals and lost hosts stop the job; all ready starts it."""
+        for host in self.hosts:
+            if host.gone and host.end is None and host.plan.host not in self.failed:
+                self.failed.append(host.plan.host)
+                say(f"host {host.plan.host}: {host.cause()}")
+                self.stop_all()
+        if self.failed or self.signal_code is not None:
+            return
+        if not self.go_sent and all(host.ready is not None for host in self.hosts):
+            self.go_sent = True
+            first = self.hosts[0]
+            assert first.ready is not None
+            # Empty where the hosts read node 0 themselves (--cluster tpu-vm).
+            address = first.plan.master_addr and (self.master_addr or first.ready.get("address") or first.plan.host)
+            port = first.plan.master_port or first.ready.get("port")
+            for host in self.hosts:
+                host.send(go_line(address, port))
+        ended = [host for host in self.hosts if host.end is not None and host.end.get("exit_code")]
+        if ended and self.first_failure_at is None:
+            self.first_failure_at = time.monotonic()
+        if self.first_failure_at is not None and time.monotonic() - self.first_failure_at > STOPPED_AFTER_FAILURE_S:
+            self.stop_all()
+
+    def finish(self) -> int:
+        if self.signal_code is not None:
+            code = self.signal_code
+        elif self.failed:
+            code = LOST_EXIT_CODE
+        else:
+            code = next((host.end["exit_code"] for host in self.hosts if host.end and host.end.get("exit_code")), 0)
+        root = self.root_cause() if code and self.signal_code is None and not self.failed else None
+        if root is not None:
+            say(f"root cause: host {root['host']}, {root['what']}")
+        self.write_summary(code, root)
+        return code
+
+    def root_cause(self) -> dict[str, Any] | None:
+        """The failing worker: its host, and its rank as the host's summary names it."""
+        for host in self.hosts:
+            summary = (host.end or {}).get("summary") or {}
+            cause = summary.get("root_cause")
+            if isinstance(cause, dict) and "rank" in cause:
+                what = f"rank {cause['rank']} (exit code {cause.get('exit_status', cause.get('exitcode'))})"
+                return {"host": host.plan.host, "node_rank": host.plan.node_rank, "rank": cause["rank"], "what": what}
+        return None
+
+    def write_summary(self, code: int, root: dict[str, Any] | None) -> None:
+        if not self.summary_file:
+            return
+        result = ("signaled" if self.signal_code is not None else "host_failed" if self.failed
+                  else "succeeded" if code == 0 else "failed")
+        record = {
+            "result": result,
+            "exit_code": code,
+            "root_cause": None if root is None else {key: root[key] for key in ("host", "node_rank", "rank")},
+            "hosts": [{"host": host.plan.host, "node_rank": host.plan.node_rank,
+                       "transport_exit_status": host.exit_status,
+                       "node_exit_code": None if host.end is None else host.end.get("exit_code"),
+                       "lost": host.end is None,
+                       "summary": None if host.end is None else host.end.get("summary")} for host in self.hosts],
+        }
+        directory = os.path.dirname(os.path.abspath(self.summary_file))
+        os.makedirs(directory, exist_ok=True)
+        temporary = f"{self.summary_file}.{os.getpid()}.tmp"
+        with open(temporary, "w") as handle:
+            json.dump(record, handle, indent=2)
+        os.replace(temporary, self.summary_file)
+
