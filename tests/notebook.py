@@ -115,7 +115,11 @@ class Kernel:
         self.client: Any = None
 
     def start(self) -> None:
-        self.manager.start_kernel(env=clean_env({RUN_MARKER: self.token}), cwd=str(self.workdir))
+        # ipykernel forwards what its child processes write to fds 1 and 2 into the cell, except
+        # under pytest (PYTEST_CURRENT_TEST set): the kernel runs as in a notebook, without it.
+        env = {name: value for name, value in clean_env({RUN_MARKER: self.token}).items()
+               if name != "PYTEST_CURRENT_TEST"}
+        self.manager.start_kernel(env=env, cwd=str(self.workdir))
         self._connect()
 
     def _connect(self) -> None:
