@@ -28,8 +28,9 @@ MAY_IMPORT = {
     "supervision": {"leaf", "host", "rendezvous", "supervision"},
     # Workers run no plan: what they share with the launcher is the contract, a leaf (xlarun.contract).
     "worker": {"leaf", "host", "runtimes", "worker"},
-    # The fan-out over hosts: what a host is sent and how; the dry run's rule of what looks secret; the signal inbox.
-    "remote": {"leaf", "host", "planning", "supervision", "remote"},
+    # The fan-out over hosts: what a host is sent and how; the dry run's rule of what looks secret; the signal inbox;
+    # xlarun's version (the package itself), which every host must share with the launcher.
+    "remote": {"api", "leaf", "host", "planning", "supervision", "remote"},
     "cli": {"api", "leaf", "host", "runtimes", "rendezvous", "planning", "supervision", "remote", "cli"},
     # The package itself: xlarun.record, and the worker helpers loaded on first use.
     "api": {"leaf", "worker"},

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -23,6 +22,7 @@ from xlarun.exceptions import LaunchError, PlanError, UsageError
 from xlarun.flags import flag
 from xlarun.host.holders import busy_device_holders, busy_device_refusal, describe_holder
 from xlarun.host.ports import free_port, is_local_address, taken_here
+from xlarun.host.programs import program_problem
 from xlarun.planning.device import (
     DevicePlan,
     DeviceRequest,
@@ -263,16 +263,9 @@ def refuse_busy_device(device: str, environ: Mapping[str, str]) -> None:
 
 
 def check_command(config: LaunchConfig) -> None:
-    command = config.command
-    if command.no_python:
-        if "/" in command.script and os.path.isfile(command.script) and not os.access(command.script, os.X_OK):
-            raise UsageError(f"{command.script} is not executable ({flag('no_python')} runs it directly): "
-                             f"chmod +x it, or drop {flag('no_python')} to run it with python")
-        if shutil.which(command.script) is None:
-            raise UsageError(f"command not found: {command.script} ({flag('no_python')} runs it directly; "
-                             "give a path or a program on PATH)")
-    elif not command.module and not os.path.exists(command.script):
-        raise UsageError(f"training script not found: {command.script}")
+    problem = program_problem(config.command, os.getcwd())
+    if problem is not None:
+        raise UsageError(problem)
 
 
 def print_plan(prepared: PreparedLaunch, environ: Mapping[str, str]) -> int:
