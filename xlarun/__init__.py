@@ -2,7 +2,8 @@
 
 The package imports no torch: the launcher starts without it, and the worker-side
 helpers (:mod:`xlarun.worker`: ``init_process_group``, ...) import torch and torch_xla
-only when called.
+only when called. :func:`launch` (the command's launch from Python, :mod:`xlarun.cli.library`)
+loads the launcher on first use.
 """
 
 from typing import Any
@@ -12,14 +13,21 @@ from xlarun.contract import record
 __version__ = "0.1.0"
 
 _WORKER_NAMES = ("SplitWorldError", "init_process_group", "is_launched")
+_LAUNCH_NAMES = ("launch", "LaunchResult", "WorkerFailed")
+"""The launcher from Python (:mod:`xlarun.cli.library`)."""
 
 
 def __getattr__(name: str) -> Any:
-    # Worker-side helpers load on first use, so the launcher does not pay for them.
+    # Worker-side helpers and the launcher load on first use, so neither side pays for the other.
     if name in _WORKER_NAMES:
         from xlarun import worker
 
         return getattr(worker, name)
+    if name in _LAUNCH_NAMES:
+        from xlarun.cli import library
+
+        return getattr(library, name)
     raise AttributeError(f"module 'xlarun' has no attribute {name!r}")
 
-__all__ = ["SplitWorldError", "init_process_group", "is_launched", "record", "__version__"]
+__all__ = ["LaunchResult", "SplitWorldError", "WorkerFailed", "init_process_group", "is_launched", "launch",
+           "record", "__version__"]

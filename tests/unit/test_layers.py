@@ -31,9 +31,10 @@ MAY_IMPORT = {
     # The fan-out over hosts: what a host is sent and how; the dry run's rule of what looks secret; the signal inbox;
     # xlarun's version (the package itself), which every host must share with the launcher.
     "remote": {"api", "leaf", "host", "planning", "supervision", "remote"},
-    "cli": {"api", "leaf", "host", "runtimes", "rendezvous", "planning", "supervision", "remote", "cli"},
-    # The package itself: xlarun.record, and the worker helpers loaded on first use.
-    "api": {"leaf", "worker"},
+    # xlarun.launch() (cli.library) reads back the files its worker module (worker.call) leaves.
+    "cli": {"api", "leaf", "host", "runtimes", "rendezvous", "planning", "supervision", "remote", "worker", "cli"},
+    # The package itself: xlarun.record, and the worker helpers and xlarun.launch() loaded on first use.
+    "api": {"leaf", "worker", "cli"},
 }
 
 

@@ -110,6 +110,13 @@ def launch_from_command_line(given: Mapping[str, str | None], script: str | None
     prepared = prepare_launch(given, script, script_args, environ)
     if prepared.config.dry_run:
         return print_plan(prepared, environ)
+    return run_launch(prepared, environ).exit_code
+
+
+def run_launch(prepared: PreparedLaunch, environ: Mapping[str, str]) -> RunEnd:
+    """Preflight the planned launch, run it, and say how it ended: the command's engine, and
+    :func:`xlarun.launch`'s. Refusals before anything starts are raised (:class:`UsageError`,
+    :class:`LaunchError`); ``environ`` is what the workers get, under xlarun's own variables."""
     events = open_events(prepared, environ)
     try:
         if not prepared.config.allow_busy_device:
@@ -130,7 +137,7 @@ def launch_from_command_line(given: Mapping[str, str | None], script: str | None
 
     end = Agent(prepared.config, rendezvous, environ, variables_for, events).run()
     explain_split_world_failure(end, prepared)
-    return end.exit_code
+    return end
 
 
 def event_sinks(config: LaunchConfig) -> list[Sink]:

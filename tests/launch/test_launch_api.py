@@ -1,0 +1,242 @@
+"""xlarun.launch() from plain Python: each test runs a caller program in a process of its own, which
+launches real workers and prints what it got back as JSON."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+from helpers import REPO, clean_env, is_alive, wait_for
+
+CALLER_TIMEOUT_S = 120
+
+
+def run_caller(tmp_path: Path, code: str, modules: dict[str, str] | None = None) -> Any:
+    """Run ``code`` as a program beside ``modules``; the JSON its last line prints."""
+    script = write_caller(tmp_path, code, modules)
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=caller_env(),
+                          cwd=tmp_path, timeout=CALLER_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.splitlines()[-1])
+
+
+def write_caller(tmp_path: Path, code: str, modules: dict[str, str] | None = None) -> Path:
+    for name, text in (modules or {}).items():
+        (tmp_path / f"{name}.py").write_text(textwrap.dedent(text))
+    script = tmp_path / "caller.py"
+    script.write_text("import json, os, sys\nimport xlarun\n" + textwrap.dedent(code))
+    return script
+
+
+def caller_env() -> dict[str, str]:
+    return clean_env({"PYTHONPATH": str(REPO)})
+
+
+def test_a_module_function_a_lambda_and_a_closure_each_return_every_ranks_value(tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        import ranks
+
+        def closure():
+            offset = 10
+            return lambda: int(os.environ["RANK"]) + offset
+
+        result = xlarun.launch(ranks.rank, nproc_per_node=4, device="cpu")
+        print(json.dumps({"module": result.values, "exit_code": result.exit_code,
+                          "lambda": xlarun.launch(lambda: int(os.environ["RANK"]), nproc_per_node=4,
+                                                  device="cpu").values,
+                          "closure": xlarun.launch(closure(), nproc_per_node=4, device="cpu").values,
+                          "args": xlarun.launch(ranks.pair, "a", 2, nproc_per_node=2, device="cpu").values}))
+    """, {"ranks": """
+        import os
+
+        def rank():
+            return int(os.environ["RANK"])
+
+        def pair(a, b):
+            return [a, b, int(os.environ["RANK"])]
+    """})
+    assert got == {"module": [0, 1, 2, 3], "exit_code": 0, "lambda": [0, 1, 2, 3], "closure": [10, 11, 12, 13],
+                   "args": [["a", 2, 0], ["a", 2, 1]]}
+
+
+def test_a_script_and_a_module_run_with_their_arguments(tmp_path: Path) -> None:
+    (tmp_path / "job.py").write_text("import os, sys\nprint('job', os.environ['RANK'], *sys.argv[1:])\n")
+    done = subprocess.run([sys.executable, str(write_caller(tmp_path, """
+        script = xlarun.launch("job.py", "x", 1, nproc_per_node=2, device="cpu")
+        module = xlarun.launch(["-m", "job", "y"], nproc_per_node=2, device="cpu")
+        print(json.dumps([script.values, script.exit_code, module.values]))
+    """))], capture_output=True, text=True, env=caller_env(), cwd=tmp_path, timeout=CALLER_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.splitlines()[-1]) == [[None, None], 0, [None, None]]
+    assert sorted(line for line in done.stdout.splitlines() if line.startswith("job")) == [
+        "job 0 x 1", "job 0 y", "job 1 x 1", "job 1 y"]
+
+
+def test_the_summary_is_what_the_summary_file_holds(tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        result = xlarun.launch(lambda: None, nproc_per_node=2, device="cpu", summary_file="summary.json")
+        with open("summary.json") as handle:
+            print(json.dumps([result.summary, json.load(handle)]))
+    """)
+    assert got[0] == got[1]
+    assert got[0]["result"] == "succeeded" and [w["rank"] for w in got[0]["attempts"][0]["workers"]] == [0, 1]
+
+
+def test_a_rank_that_raises_is_the_root_cause_and_its_exception_the_cause(tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        def fail_on_two():
+            if os.environ["RANK"] == "2":
+                raise ValueError("bad")
+            return 0
+
+        try:
+            xlarun.launch(fail_on_two, nproc_per_node=4, device="cpu")
+        except xlarun.WorkerFailed as error:
+            failed = {"rank": error.root_cause.rank, "traceback": error.root_cause.traceback,
+                      "cause": repr(error.__cause__), "is_value_error": isinstance(error.__cause__, ValueError),
+                      "exit_code": error.exit_code, "failures": [f.rank for f in error.failures],
+                      "message": str(error), "summary_exit": error.summary["exit_code"]}
+        try:
+            xlarun.launch(fail_on_two, nproc_per_node=4, device="cpu", reraise=True)
+        except ValueError as error:
+            failed["reraised"] = repr(error)
+        print(json.dumps(failed))
+    """)
+    assert got["rank"] == 2 and got["is_value_error"] and got["cause"] == "ValueError('bad')"
+    assert 'raise ValueError("bad")' in got["traceback"]
+    assert got["exit_code"] == got["summary_exit"] == 1 and got["failures"] == [2]
+    assert got["message"].startswith("rank 2 on ") and got["message"].endswith("ValueError: bad")
+    assert got["reraised"] == "ValueError('bad')"
+
+
+def test_an_exit_and_a_kill_are_named(tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        import signal
+
+        def end(how):
+            if os.environ["RANK"] == "1":
+                if how == "exit":
+                    os._exit(3)
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        ends = {}
+        for how in ("exit", "kill"):
+            try:
+                xlarun.launch(end, how, nproc_per_node=2, device="cpu")
+            except xlarun.WorkerFailed as error:
+                ends[how] = [error.root_cause.rank, error.root_cause.returncode, error.root_cause.signal,
+                             error.exit_code, str(error), error.__cause__ is None]
+        print(json.dumps(ends))
+    """)
+    assert got["exit"] == [1, 3, None, 3, got["exit"][4], True] and "exited with code 3" in got["exit"][4]
+    assert got["kill"][:4] == [1, -9, "SIGKILL", 137] and "killed by SIGKILL" in got["kill"][4]
+
+
+def test_a_hundred_megabyte_value_comes_back(tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        values = xlarun.launch(lambda: b"x" * (100 << 20), nproc_per_node=1, device="cpu").values
+        print(json.dumps([len(values[0]), values[0][:3].decode()]))
+    """)
+    assert got == [100 << 20, "xxx"]
+
+
+def test_a_value_that_cannot_be_pickled_is_named_with_its_rank(tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        import threading
+
+        try:
+            xlarun.launch(lambda: threading.Lock(), nproc_per_node=1, device="cpu")
+        except xlarun.WorkerFailed as error:
+            print(json.dumps(str(error)))
+    """)
+    assert "rank 0 returned a _thread.lock, which cannot be pickled" in got and "\n" not in got
+
+
+def test_the_callers_environment_and_modules_stay_as_they_were(tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        environ = dict(os.environ)
+        xlarun.launch(lambda: 1, nproc_per_node=2, device="cpu")
+        modules = set(sys.modules)
+        xlarun.launch(lambda: 1, nproc_per_node=2, device="cpu")
+        print(json.dumps({"environ": dict(os.environ) == environ, "new": sorted(set(sys.modules) - modules),
+                          "torch": sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "torch_xla"))}))
+    """)
+    assert got == {"environ": True, "new": [], "torch": []}
+
+
+def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        import threading
+
+        refused = []
+        for options in ({"nproc_per_node": "x"}, {"nproc_pre_node": 2}, {"standalone": "yes"}):
+            try:
+                xlarun.launch(lambda: 0, device="cpu", **options)
+            except ValueError as error:
+                refused.append(str(error))
+        os.environ["LOCAL_RANK"] = "0"
+        try:
+            xlarun.launch(lambda: 0, device="cpu")
+        except RuntimeError as error:
+            refused.append(str(error))
+        del os.environ["LOCAL_RANK"]
+        caught = []
+
+        def from_thread():
+            try:
+                xlarun.launch(lambda: 0, device="cpu")
+            except RuntimeError as error:
+                caught.append(str(error))
+
+        thread = threading.Thread(target=from_thread)
+        thread.start()
+        thread.join()
+        print(json.dumps(refused + caught))
+    """)
+    assert got[0].startswith("--nproc-per-node='x' is invalid")
+    assert got[1].startswith("unknown option nproc_pre_node=")
+    assert got[2].startswith("--standalone is a switch")
+    assert got[3].startswith("xlarun.launch() called inside a worker (LOCAL_RANK is set)")
+    assert got[4].startswith("xlarun.launch() runs in the main thread only")
+    assert all("\n" not in line for line in got)
+
+
+def test_an_interrupt_stops_every_worker_and_the_next_launch_works(tmp_path: Path) -> None:
+    pids = tmp_path / "pids"
+    pids.mkdir()
+    script = write_caller(tmp_path, f"""
+        import time
+
+        def sleep():
+            with open(os.path.join({str(pids)!r}, os.environ["RANK"]), "w") as handle:
+                handle.write(str(os.getpid()))
+            time.sleep(600)
+
+        try:
+            xlarun.launch(sleep, nproc_per_node=2, device="cpu")
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        print(json.dumps(xlarun.launch(lambda: int(os.environ["RANK"]), nproc_per_node=2, device="cpu").values))
+    """)
+    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True, env=caller_env(), cwd=tmp_path)
+    try:
+        wait_for(lambda: len(list(pids.iterdir())) == 2 and all(p.read_text() for p in pids.iterdir()),
+                 "both workers to start")
+        workers = [int(p.read_text()) for p in pids.iterdir()]
+        caller.send_signal(signal.SIGINT)
+        interrupted = time.monotonic()
+        wait_for(lambda: not any(is_alive(pid) for pid in workers), "the workers to end", timeout=2)
+        assert time.monotonic() - interrupted < 2
+        out, err = caller.communicate(timeout=CALLER_TIMEOUT_S)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+    assert caller.returncode == 0, err
+    assert out.splitlines()[-2:] == ["interrupted", "[0, 1]"]

@@ -1,0 +1,288 @@
+"""``xlarun.launch()``: the command's launch, from Python and notebooks.
+
+Usage::
+
+    import xlarun
+
+    result = xlarun.launch(fn, 1, 2, nproc_per_node=4, device="cpu")   # fn(1, 2) on every worker
+    result.values        # what each rank returned, in rank order
+    xlarun.launch("train.py", "--epochs", "3", nproc_per_node=2)         # a script and its arguments
+    xlarun.launch(["-m", "pkg.train", "--epochs", "3"], standalone=True)  # a module
+
+One engine: the keyword arguments are the command line's options in Python spelling, read by the
+same option table (a refusal is a :class:`ValueError` with the command's line), and the run is
+:func:`xlarun.cli.launch.run_launch`'s: the same planning, preflight, supervision, orphan guard
+(with the caller as the launcher), report and summary.
+
+Workers are fresh interpreters, never forks of the caller: ``python -m xlarun.worker.call PAYLOAD``
+(:mod:`xlarun.worker.call`). The payload, a file in the launch's private directory (mode 0700,
+removed afterwards), carries the function and its arguments: by reference where the function can
+be imported by name, else by value with cloudpickle (the ``notebook`` extra): a lambda, a closure,
+a function defined in ``__main__`` or a notebook cell.
+
+The stop signals (Ctrl-C, a notebook's interrupt: SIGINT) tear the workers down as under the
+command (SIGTERM, the grace period, SIGKILL; a second one skips the grace); once every worker is
+gone the signal is raised again in the caller with its own handlers back, so a SIGINT is a
+:class:`KeyboardInterrupt`. Signal handlers are the main thread's, so ``launch`` runs there only.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from xlarun.cli.launch import prepare_launch, run_launch
+from xlarun.cli.options import OPTIONS_BY_DEST
+from xlarun.console import flush_consoles
+from xlarun.contract import LAUNCHED_MARKER
+from xlarun.exceptions import LaunchError, UsageError
+from xlarun.failures import FailureRecord
+from xlarun.supervision.end import RootCause, RunEnd
+from xlarun.worker.call import exception_file, result_file
+
+WORKER_MODULE = "xlarun.worker.call"
+WORKER_VARIABLES = (LAUNCHED_MARKER, "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
+"""Variables set in a worker's environment: a caller that has one is a worker itself."""
+SCRIPT_ONLY_OPTIONS = ("module", "no_python", "run_path")
+"""How a script runs; a function runs in the worker module."""
+NOTEBOOK_EXTRA = "pip install 'xlarun[notebook]'"
+
+
+@dataclass(frozen=True)
+class LaunchResult:
+    """How a launch that succeeded ended."""
+
+    values: list[Any]
+    """What each rank of this node returned, in rank order; ``None`` for each rank of a script."""
+    exit_code: int
+    summary: dict[str, Any]
+    """What ``--summary-file`` writes for the same run (docs/results.md)."""
+
+
+class WorkerFailed(Exception):
+    """The run failed: a worker raised, exited with an error or was killed, or the workers hung.
+
+    ``root_cause`` is the failure report's root cause: a :class:`~xlarun.failures.FailureRecord`
+    (``host``, ``rank``, ``returncode``, ``signal``, ``traceback``: the worker's traceback text), a
+    hang, or a node lost; ``failures`` every worker failure, the root cause's first. The exception
+    the root cause raised, where it could be pickled, is this one's ``__cause__``.
+    """
+
+    def __init__(self, message: str, root_cause: RootCause | None, failures: Sequence[FailureRecord],
+                 exit_code: int, summary: dict[str, Any]):
+        super().__init__(message)
+        self.root_cause = root_cause
+        self.failures = list(failures)
+        self.exit_code = exit_code
+        self.summary = summary
+
+
+def launch(target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], *args: Any,
+           reraise: bool = False, **options: Any) -> LaunchResult:
+    """Run ``target`` on every worker, as the ``xlarun`` command would, and return once all are gone.
+
+    ``target``: a function (called with ``*args`` in each worker; its return values come back), a
+    script's path (``*args`` are its arguments), or ``["-m", "module", *arguments]``. ``options``:
+    the command line's options by their Python names (``nproc_per_node=4``, ``device="cpu"``,
+    ``standalone=True``, ``max_restarts=2``); a list is given comma-joined, a dict as ``key=value``
+    pairs. Raises :class:`WorkerFailed` when the run fails (with ``reraise=True``, the root cause's
+    own exception where it came back), :class:`ValueError` for a refused option, :class:`RuntimeError`
+    where the launcher cannot go on (another process holds the device, ...).
+    """
+    refuse_caller()
+    given = given_options(options)
+    directory = tempfile.mkdtemp(prefix="xlarun-launch-")
+    try:
+        given.setdefault("summary_file", os.path.join(directory, "summary.json"))
+        payload: str | None = None
+        script_args: tuple[str, ...]
+        if callable(target):
+            if given.get("dry_run") == "1":
+                raise UsageError("dry_run plans a command line: run xlarun --dry-run with the script instead")
+            for name in SCRIPT_ONLY_OPTIONS:
+                if given.pop(name, "0") != "0":
+                    raise UsageError(f"{name}= says how a script runs; {target!r} is a function")
+            payload = os.path.join(directory, "call")
+            write_payload(payload, target, args)
+            given["module"] = "1"
+            script, script_args = WORKER_MODULE, (payload,)  # the path only: the call itself is in the file
+        else:
+            script, script_args = script_of(target, args, given)
+        end = run(given, script, script_args)
+        summary = read_summary(given["summary_file"])
+        if end.launcher_signal is not None:
+            raise_signal_again(end.launcher_signal)
+        if end.exit_code != 0:
+            raise failure(end, summary, payload, reraise)
+        return LaunchResult(values=values_of(summary, payload), exit_code=end.exit_code, summary=summary)
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def refuse_caller() -> None:
+    """A launch runs from the main thread of a process that is not a worker."""
+    if threading.current_thread() is not threading.main_thread():
+        raise RuntimeError("xlarun.launch() runs in the main thread only: it takes the stop signals (Ctrl-C, "
+                           "a notebook's interrupt) to stop the workers, and Python delivers signals there")
+    found = next((name for name in WORKER_VARIABLES if name in os.environ), None)
+    if found is not None:
+        raise RuntimeError(f"xlarun.launch() called inside a worker ({found} is set): a worker launches no "
+                           "workers of its own; call it from the program that starts the job")
+
+
+def given_options(options: Mapping[str, Any]) -> dict[str, str]:
+    """The options as the command line would give them: text by dest, ``"1"`` or ``"0"`` for a switch."""
+    given: dict[str, str] = {}
+    for name, value in options.items():
+        option = OPTIONS_BY_DEST.get(name)
+        if option is None:
+            raise ValueError(f"unknown option {name}= (xlarun.launch takes the command line's options by their "
+                             "Python names: nproc_per_node=4, device='cpu', ...)")
+        if value is None:
+            continue
+        if not option.takes_value:
+            if not isinstance(value, bool):
+                raise ValueError(f"{option.display_name} is a switch: give {name}=True or False, not {value!r}")
+            given[name] = "1" if value else "0"
+        else:
+            given[name] = spelt(value)
+    return given
+
+
+def spelt(value: Any) -> str:
+    """An option's value as the command line spells it."""
+    if isinstance(value, Mapping):
+        return ",".join(f"{key}={item}" for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return ",".join(str(item) for item in value)
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return str(value)
+
+
+def script_of(target: Any, args: tuple[Any, ...], given: dict[str, str]) -> tuple[str, tuple[str, ...]]:
+    """A script target's script and arguments; ``["-m", module, ...]`` sets ``module``."""
+    if isinstance(target, (str, os.PathLike)):
+        return os.fspath(target), tuple(str(arg) for arg in args)
+    command = [str(part) for part in target]
+    if len(command) >= 2 and command[0] == "-m":
+        given["module"] = "1"
+        return command[1], (*command[2:], *(str(arg) for arg in args))
+    raise UsageError(f"the target {target!r} is neither a function, a script's path nor ['-m', module, ...]")
+
+
+def write_payload(path: str, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    """The call, for :mod:`xlarun.worker.call`: the caller's ``sys.path``, then the function and its
+    arguments, by reference where the standard pickle can, else by value with cloudpickle."""
+    try:
+        if not importable_by_name(function):
+            raise pickle.PicklingError(f"{function!r} cannot be imported by name")
+        data = pickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
+    except (pickle.PicklingError, TypeError, AttributeError) as error:
+        try:
+            import cloudpickle
+        except ImportError:
+            raise ImportError(f"{error}: a lambda, a closure or a function defined in __main__ or a notebook cell "
+                              f"travels to the workers by value with cloudpickle, which is not installed: "
+                              f"{NOTEBOOK_EXTRA}") from None
+        data = cloudpickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    with os.fdopen(descriptor, "wb") as handle:
+        pickle.dump([entry for entry in sys.path if entry], handle)
+        handle.write(data)
+
+
+def importable_by_name(function: Callable[..., Any]) -> bool:
+    """Whether a fresh interpreter finds ``function`` by its module and qualified name.
+
+    ``__main__`` is the worker module there, not the caller's script or notebook.
+    """
+    module = sys.modules.get(getattr(function, "__module__", None) or "")
+    if module is None or module.__name__ == "__main__":
+        return False
+    found: Any = module
+    for part in getattr(function, "__qualname__", "<unnamed>").split("."):
+        found = getattr(found, part, None)
+    return found is function
+
+
+def run(given: Mapping[str, str], script: str, script_args: tuple[str, ...]) -> RunEnd:
+    """The command's engine, its refusals as exceptions: :class:`ValueError` for bad input,
+    :class:`RuntimeError` for a launcher that cannot go on."""
+    environ = dict(os.environ)
+    try:
+        prepared = prepare_launch(given, script, script_args, environ)
+        return run_launch(prepared, environ)
+    except UsageError as error:
+        raise ValueError(str(error)) from None
+    except LaunchError as error:
+        raise RuntimeError(str(error)) from error.__cause__
+    finally:
+        flush_consoles()  # the workers' and the launcher's lines are out before the caller goes on
+
+
+def read_summary(path: str) -> dict[str, Any]:
+    try:
+        with open(path) as handle:
+            summary: dict[str, Any] = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return summary
+
+
+def raise_signal_again(number: int) -> None:
+    """The stop signal the launch took, delivered again now that its workers are gone and the
+    caller's own handlers are back: Python's SIGINT handler raises :class:`KeyboardInterrupt`."""
+    signal.raise_signal(number)
+    if number == signal.SIGINT:
+        raise KeyboardInterrupt
+    raise RuntimeError(f"the launch was stopped by {signal.Signals(number).name}")
+
+
+def values_of(summary: Mapping[str, Any], payload: str | None) -> list[Any]:
+    """This node's ranks' return values, in rank order (``None`` for each rank of a script)."""
+    attempts = summary.get("attempts") or [{}]
+    ranks = sorted(worker["rank"] for worker in attempts[-1].get("workers", []))
+    if payload is None:
+        return [None] * len(ranks)
+    values = []
+    for rank in ranks:
+        with open(result_file(payload, rank), "rb") as handle:
+            values.append(pickle.load(handle))
+    return values
+
+
+def failure(end: RunEnd, summary: dict[str, Any], payload: str | None, reraise: bool) -> BaseException:
+    """The :class:`WorkerFailed` for a run that failed; with ``reraise``, the root cause's own exception."""
+    failures = [] if end.failure is None else [end.failure, *end.other_failures]
+    cause = None
+    if payload is not None and end.failure is not None:
+        try:
+            with open(exception_file(payload, end.failure.rank), "rb") as handle:
+                cause = pickle.load(handle)
+        except Exception:  # noqa: BLE001 - none left (a signal, an exit), or one that does not unpickle here
+            cause = None
+    if reraise and isinstance(cause, BaseException):
+        return cause
+    error = WorkerFailed(describe_end(end), end.root_cause, failures, end.exit_code, summary)
+    error.__cause__ = cause if isinstance(cause, BaseException) else None
+    return error
+
+
+def describe_end(end: RunEnd) -> str:
+    """One line: what failed, as the report's heading says it."""
+    record = end.failure
+    if record is not None:
+        how = f"was killed by {record.signal}" if record.signal else f"exited with code {record.returncode}"
+        first = record.traceback.strip().splitlines()[-1:] if record.traceback else []
+        return f"rank {record.rank} on {record.host} {how}" + (f": {first[0]}" if first else "")
+    return end.error or f"the run {end.result} (exit code {end.exit_code})"
