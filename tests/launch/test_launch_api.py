@@ -207,29 +207,39 @@ def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
     assert all("\n" not in line for line in got)
 
 
-def test_an_interrupt_stops_every_worker_and_the_next_launch_works(tmp_path: Path) -> None:
+def start_sleepers(tmp_path: Path, options: str = "",
+                   ignore_term: bool = False) -> tuple[subprocess.Popen[str], list[int]]:
+    """A caller whose launch's two workers sleep (SIGTERM and SIGINT, which the launcher passes on, ignored if asked), and their pids once both run;
+    an interrupt of the launch prints ``interrupted``, and a second launch's values follow."""
     pids = tmp_path / "pids"
     pids.mkdir()
     script = write_caller(tmp_path, f"""
-        import time
+        import signal, time
 
         def sleep():
+            if {ignore_term}:
+                signal.signal(signal.SIGTERM, signal.SIG_IGN)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
             with open(os.path.join({str(pids)!r}, os.environ["RANK"]), "w") as handle:
                 handle.write(str(os.getpid()))
             time.sleep(600)
 
         try:
-            xlarun.launch(sleep, nproc_per_node=2, device="cpu")
+            xlarun.launch(sleep, nproc_per_node=2, device="cpu"{options})
         except KeyboardInterrupt:
             print("interrupted", flush=True)
         print(json.dumps(xlarun.launch(lambda: int(os.environ["RANK"]), nproc_per_node=2, device="cpu").values))
     """)
     caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True, env=caller_env(), cwd=tmp_path)
+    wait_for(lambda: len(list(pids.iterdir())) == 2 and all(p.read_text() for p in pids.iterdir()),
+             "both workers to start")
+    return caller, [int(p.read_text()) for p in pids.iterdir()]
+
+
+def test_an_interrupt_stops_every_worker_and_the_next_launch_works(tmp_path: Path) -> None:
+    caller, workers = start_sleepers(tmp_path)
     try:
-        wait_for(lambda: len(list(pids.iterdir())) == 2 and all(p.read_text() for p in pids.iterdir()),
-                 "both workers to start")
-        workers = [int(p.read_text()) for p in pids.iterdir()]
         caller.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
         wait_for(lambda: not any(is_alive(pid) for pid in workers), "the workers to end", timeout=2)
@@ -240,3 +250,49 @@ def test_an_interrupt_stops_every_worker_and_the_next_launch_works(tmp_path: Pat
             caller.kill()
     assert caller.returncode == 0, err
     assert out.splitlines()[-2:] == ["interrupted", "[0, 1]"]
+
+
+def test_output_reaches_a_sys_stdout_that_is_no_descriptor(tmp_path: Path) -> None:
+    done = subprocess.run([sys.executable, str(write_caller(tmp_path, """
+        import io
+
+        caught_out, caught_err = io.StringIO(), io.StringIO()
+        sys.stdout, sys.stderr = caught_out, caught_err
+
+        def speak():
+            print("out of", os.environ["RANK"])
+            print("err of", os.environ["RANK"], file=sys.stderr)
+
+        xlarun.launch(speak, nproc_per_node=2, device="cpu", tee="3")
+        sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
+        print(json.dumps([caught_out.getvalue(), caught_err.getvalue()]))
+    """))], capture_output=True, text=True, env=caller_env(), cwd=tmp_path, timeout=CALLER_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    assert len(done.stdout.splitlines()) == 1 and done.stderr == ""
+    out, err = json.loads(done.stdout)
+    assert sorted(out.splitlines()) == ["[default0]:out of 0", "[default1]:out of 1"]
+    assert "[default0]:err of 0" in err.splitlines() and "[default1]:err of 1" in err.splitlines()
+    assert "xlarun: OMP_NUM_THREADS=1" in err
+
+
+def test_a_second_interrupt_skips_the_grace(tmp_path: Path) -> None:
+    caller, workers = start_sleepers(tmp_path, ", shutdown_timeout=60", ignore_term=True)
+    try:
+        caller.send_signal(signal.SIGINT)
+        time.sleep(1)
+        assert all(is_alive(pid) for pid in workers)  # the signals ignored: the grace period runs
+        caller.send_signal(signal.SIGINT)
+        wait_for(lambda: not any(is_alive(pid) for pid in workers), "the workers to end", timeout=2)
+        out, err = caller.communicate(timeout=CALLER_TIMEOUT_S)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+    assert caller.returncode == 0, err
+    assert out.splitlines()[-2:] == ["interrupted", "[0, 1]"]
+
+
+def test_a_killed_caller_leaves_no_worker(tmp_path: Path) -> None:
+    caller, workers = start_sleepers(tmp_path)
+    caller.kill()
+    caller.communicate(timeout=CALLER_TIMEOUT_S)
+    wait_for(lambda: not any(is_alive(pid) for pid in workers), "the orphan guard to end the workers", timeout=5)

@@ -20,6 +20,10 @@ removed afterwards), carries the function and its arguments: by reference where 
 be imported by name, else by value with cloudpickle (the ``notebook`` extra): a lambda, a closure,
 a function defined in ``__main__`` or a notebook cell.
 
+Output: the launcher's lines and the workers' reach the caller's ``sys.stdout`` and ``sys.stderr``
+as they reach a terminal under the command, prefixed alike; where those are objects of their own
+rather than descriptors 1 and 2 (a notebook's), through :class:`StreamPump`.
+
 The stop signals (Ctrl-C, a notebook's interrupt: SIGINT) tear the workers down as under the
 command (SIGTERM, the grace period, SIGKILL; a second one skips the grace); once every worker is
 gone the signal is raised again in the caller with its own handlers back, so a SIGINT is a
@@ -28,6 +32,7 @@ gone the signal is raised again in the caller with its own handlers back, so a S
 
 from __future__ import annotations
 
+import codecs
 import json
 import os
 import pickle
@@ -37,6 +42,7 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +106,15 @@ def launch(target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], 
     """
     refuse_caller()
     given = given_options(options)
+    with ExitStack() as redirected:
+        for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+            if not is_descriptor(stream, fd):
+                redirected.enter_context(StreamPump(fd, stream))
+        return launch_target(target, args, given, reraise)
+
+
+def launch_target(target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], args: tuple[Any, ...],
+                  given: dict[str, str], reraise: bool) -> LaunchResult:
     directory = tempfile.mkdtemp(prefix="xlarun-launch-")
     try:
         given.setdefault("summary_file", os.path.join(directory, "summary.json"))
@@ -126,6 +141,63 @@ def launch(target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], 
         return LaunchResult(values=values_of(summary, payload), exit_code=end.exit_code, summary=summary)
     finally:
         shutil.rmtree(directory, ignore_errors=True)
+
+
+def is_descriptor(stream: Any, fd: int) -> bool:
+    """Whether ``stream`` writes to descriptor ``fd`` itself, as a terminal's or a file's sys.stdout does."""
+    try:
+        return bool(stream.fileno() == fd)
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is both of the last two
+        return False
+
+
+class StreamPump:
+    """For the launch's length, descriptor ``fd`` writes to a pipe whose text goes to ``stream``.
+
+    A notebook's ``sys.stdout`` is an object that sends text to the cell, not descriptor 1: the
+    launcher's lines and the workers' (which inherit descriptors 1 and 2, or are relayed to them) would
+    miss the cell. Whatever reaches the descriptor meanwhile is written to the object by a thread;
+    afterwards the descriptor is what it was.
+    """
+
+    def __init__(self, fd: int, stream: Any):
+        self.fd = fd
+        self.stream = stream
+        self._saved = -1
+        self._thread: threading.Thread | None = None
+
+    def __enter__(self) -> StreamPump:
+        read_fd, write_fd = os.pipe2(os.O_CLOEXEC)
+        self._saved = os.dup(self.fd)
+        os.dup2(write_fd, self.fd)  # inheritable, as the descriptor it stands in for
+        os.close(write_fd)
+        self._thread = threading.Thread(target=self._pump, args=(read_fd,), name=f"xlarun-pump-{self.fd}",
+                                        daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        flush_consoles()
+        os.dup2(self._saved, self.fd)  # the pipe's last write end closes: the pump reads to its end
+        os.close(self._saved)
+        assert self._thread is not None
+        self._thread.join()
+
+    def _pump(self, read_fd: int) -> None:
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        with open(read_fd, "rb", buffering=0) as pipe:
+            while data := pipe.read(65536):
+                self._write(decoder.decode(data))
+        self._write(decoder.decode(b"", final=True))
+
+    def _write(self, text: str) -> None:
+        if not text:
+            return
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):
+            pass  # a stream closed meanwhile costs the text, not the launch
 
 
 def refuse_caller() -> None:
