@@ -20,13 +20,14 @@ import click
 from click.shell_completion import CompletionItem, get_completion_class
 
 from xlarun import __version__
-from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
+from xlarun.cli.options import ENV_SEPARATOR, OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
 from xlarun.cli.stacks import print_stacks, stacks_request
 from xlarun.console import flush_consoles, say
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
 from xlarun.host.devices import HOST_ROOT_VARIABLE
+from xlarun.remote.transport import AGENT_FLAG
 
 HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"
@@ -148,7 +149,7 @@ def _click_option(option: Option) -> Callable[[click.Command], click.Command]:
     # Values stay text here: the table's parsers check them, with PET_* fallbacks, in one place.
     if option.takes_value:
         return click.option(*option.spellings, option.dest, default=None, help=help_text(option),
-                            metavar=option.metavar, shell_complete=complete_value(option))
+                            metavar=option.metavar, shell_complete=complete_value(option), multiple=option.repeatable)
     return click.option(*option.spellings, option.dest, is_flag=True, default=None, help=help_text(option))
 
 
@@ -225,10 +226,11 @@ def _build_command() -> click.Command:
     @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED, shell_complete=complete_files)
     @click.pass_context
     def command(ctx: click.Context, training_script: str | None, training_script_args: tuple[str, ...],
-                **values: str | bool | None) -> CommandLine:
+                **values: str | bool | tuple[str, ...] | None) -> CommandLine:
         """What the command line gave, for the launch to read with the option table."""
         given: dict[str, str | None] = {
-            name: ("1" if value is True else value if isinstance(value, str) else None)
+            name: ("1" if value is True else value if isinstance(value, str)
+                   else ENV_SEPARATOR.join(value) if isinstance(value, tuple) else None)
             for name, value in values.items()
             if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
         return CommandLine(given, training_script, tuple(training_script_args))
@@ -268,6 +270,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     hold_standard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
+        if args == [AGENT_FLAG]:
+            from xlarun.remote.agent import run_agent  # a host's agent, started by a multi-host launcher
+
+            finish(run_agent())
         wanted, launcher = stacks_request(args)
         if wanted:
             finish(print_stacks(launcher))

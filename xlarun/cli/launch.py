@@ -15,7 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from xlarun.cli.options import OptionValues, read_options
-from xlarun.cli.rules import build_config, require_script
+from xlarun.cli.rules import build_config, check_hosts, require_script
 from xlarun.config import LaunchConfig, NprocRequest, Topology
 from xlarun.console import console, say
 from xlarun.exceptions import LaunchError, PlanError, UsageError
@@ -107,6 +107,11 @@ def launch_from_command_line(given: Mapping[str, str | None], script: str | None
     """Run the launch the command line describes (or print its plan); returns the exit code."""
     # Workers get the environment as it was when the launcher started, whatever it sets for itself.
     environ = dict(environ)
+    values = read_options(given, environ)
+    if check_hosts(values):
+        from xlarun.cli.hosts import launch_hosts
+
+        return launch_hosts(values, given, script, script_args, environ)
     prepared = prepare_launch(given, script, script_args, environ)
     if prepared.config.dry_run:
         return print_plan(prepared, environ)

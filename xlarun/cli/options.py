@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from xlarun.cli.hostlist import expand_hostlist
 from xlarun.config import (
     DEFAULT_C10D_PORT,
     DEFAULT_MASTER_PORT,
@@ -39,6 +40,8 @@ from xlarun.flags import flag
 from xlarun.host.devices import DEVICES
 from xlarun.planning.packages import RUNTIMES
 from xlarun.rdzv_conf import help_text as rdzv_conf_help
+from xlarun.remote.plan import parse_env_assignment, read_env_file
+from xlarun.remote.transport import template_problem
 from xlarun.runtimes import COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
 
 TORCHRUN = "torchrun"
@@ -205,6 +208,67 @@ def parse_event_log(path: str) -> str:
     return path
 
 
+def _host_list(names: list[str]) -> tuple[str, ...]:
+    """A job's hosts: at least one, none twice (one host named twice would run two nodes meant for two hosts)."""
+    if not names:
+        raise InvalidValue("names no host")
+    seen: set[str] = set()
+    for name in names:
+        if name in seen:
+            raise InvalidValue(f"names {name} twice")
+        seen.add(name)
+    return tuple(names)
+
+
+def parse_hosts(text: str) -> tuple[str, ...]:
+    """``h1,h2`` or Slurm's ranges (``tpu-w[0-3]``), read as Slurm reads ``SLURM_JOB_NODELIST``."""
+    try:
+        return _host_list(expand_hostlist(text))
+    except UsageError as error:
+        raise InvalidValue(str(error)) from None
+
+
+def _read_text(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read()
+    except (OSError, UnicodeDecodeError) as error:
+        raise InvalidValue(f"cannot read it: {getattr(error, 'strerror', None) or error}") from None
+
+
+def parse_hostfile(path: str) -> tuple[str, ...]:
+    """The first word of each line, so MPI's and DeepSpeed's host files (``h1 slots=4``) serve; ``#`` starts a
+    comment."""
+    lines = (line.partition("#")[0].split() for line in _read_text(path).splitlines())
+    return _host_list([words[0] for words in lines if words])
+
+
+def parse_rsh(template: str) -> str:
+    problem = template_problem(template)
+    if problem is not None:
+        raise InvalidValue(problem)
+    return template
+
+
+ENV_SEPARATOR = "\0"
+"""Joins the values of a repeated ``--env`` into one text: no argument can hold a NUL."""
+
+
+def parse_env(text: str) -> tuple[tuple[str, str], ...]:
+    """Every ``--env NAME=VALUE`` given, in order."""
+    try:
+        return tuple(parse_env_assignment(item) for item in text.split(ENV_SEPARATOR))
+    except ValueError as error:
+        raise InvalidValue(str(error)) from None
+
+
+def parse_env_file(path: str) -> dict[str, str]:
+    try:
+        return read_env_file(_read_text(path))
+    except ValueError as error:
+        raise InvalidValue(str(error)) from None
+
+
 class Choice:
     """A parser that takes one of ``choices``; shell completion offers them."""
 
@@ -249,6 +313,8 @@ class Option:
     """How ``--help`` names the value (``N``, ``PATH``, ``static|c10d``); empty for a switch."""
     shown_default: str | None = None
     """The default as ``--help`` words it where ``default`` alone says too little (empty, or a rule)."""
+    repeatable: bool = False
+    """Given several times, every value counts (joined with :data:`ENV_SEPARATOR` for the parser)."""
 
     @property
     def dest(self) -> str:
@@ -435,6 +501,37 @@ OPTIONS: tuple[Option, ...] = (
             allowed="give a path to the .prom file to write", variable="XLARUN_METRICS_TEXTFILE", metavar="PATH"),
     _xlarun(("--allow-busy-device", "--allow_busy_device"),
             "Start even though other processes hold the device files (a device shared on purpose)."),
+    # Every host from one command: the fan-out's own flags (plan.py says what each host is sent).
+    _xlarun(("--hosts",), "Run the job on these hosts, one node each, node 0 on the first: xlarun starts an agent on "
+                          "each over ssh, sends it the plan on its standard input, and stops every host when one "
+                          "fails or on Ctrl-C. Comma-separated, with Slurm's ranges (tpu-w[0-3]).", parse_hosts,
+            allowed="expected host names separated by commas, each once", variable="XLARUN_HOSTS",
+            metavar="HOST,..."),
+    _xlarun(("--hostfile",), "--hosts from a file: the first word of each line (MPI's and DeepSpeed's files with "
+                             "slots= serve); # starts a comment.", parse_hostfile,
+            allowed="expected a readable file naming each host once", variable="XLARUN_HOSTFILE", metavar="PATH"),
+    _xlarun(("--ssh-config", "--ssh_config"), "The ssh configuration file for the hosts (ssh -F).", text,
+            variable="XLARUN_SSH_CONFIG", metavar="PATH", shown_default="ssh's own"),
+    _xlarun(("--rsh",), "Reach the hosts with this command instead of ssh; {host}, {index} and {command} are "
+                        "replaced in each word, e.g. 'kubectl exec -i {host} -- sh -c {command}'.", parse_rsh,
+            allowed="expected a command with {command}, e.g. 'kubectl exec -i {host} -- sh -c {command}'",
+            variable="XLARUN_RSH", metavar="TEMPLATE", shown_default="ssh -T -o BatchMode=yes ..."),
+    Option(("--env",), "A variable every worker on every host gets, sent in the plan (never on a command line); "
+                       "repeatable.", parse_env, allowed="expected NAME=VALUE", owner=XLARUN, metavar="NAME=VALUE",
+           repeatable=True),
+    _xlarun(("--env-file", "--env_file"), "Variables every worker on every host gets: NAME=VALUE lines, # comments.",
+            parse_env_file, allowed="expected a readable file of NAME=VALUE lines", metavar="PATH"),
+    _xlarun(("--remote-python", "--remote_python"), "The Python that runs xlarun on each host.", text,
+            variable="XLARUN_REMOTE_PYTHON", metavar="PATH", shown_default="this launcher's Python"),
+    _xlarun(("--remote-cwd", "--remote_cwd"), "The working directory on each host.", text,
+            variable="XLARUN_REMOTE_CWD", metavar="DIR", shown_default="this working directory"),
+    _xlarun(("--host-timeout", "--host_timeout"), "Seconds a host's agent waits for the launcher's heartbeat before "
+                                                  "it stops its workers (a frozen launcher, a dead connection).",
+            SECONDS, "15", SECONDS.allowed, variable="XLARUN_HOST_TIMEOUT", metavar="SECONDS"),
+    _xlarun(("--tpu-pod", "--tpu_pod"), "Run on every worker of this TPU VM pod slice, reached through gcloud's ssh.",
+            parse_host, allowed="expected the TPU's name", variable="XLARUN_TPU_POD", metavar="NAME"),
+    _xlarun(("--tpu-zone", "--tpu_zone"), "The pod slice's zone.", parse_host, allowed="expected a zone",
+            variable="XLARUN_TPU_ZONE", metavar="ZONE", shown_default="gcloud's default zone"),
 )
 
 OPTIONS_BY_DEST: Mapping[str, Option] = {option.dest: option for option in OPTIONS}

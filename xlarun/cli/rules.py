@@ -201,3 +201,35 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
     )
     check_store_port(values, config)
     return config
+
+
+HOST_SOURCES = ("hosts", "hostfile", "tpu_pod")
+"""The flags that each name a multi-host job's hosts; one at most."""
+HOSTS_ONLY = ("ssh_config", "rsh", "env", "env_file", "remote_python", "remote_cwd", "host_timeout")
+"""Flags that mean something only where the launcher reaches other hosts."""
+HOSTS_DECIDE = ("nnodes", "node_rank", "cluster", "standalone", "rdzv_backend", "rdzv_endpoint")
+"""What a host list decides itself: one node a host, node 0 on the first, a static rendezvous."""
+
+
+def check_hosts(values: OptionValues) -> bool:
+    """Refuse flags that make no sense with (or without) a host list; True where the job spans hosts."""
+    named = [dest for dest in HOST_SOURCES if values.is_set(dest)]
+    if len(named) > 1:
+        raise UsageError(f"{values.source(named[0])} and {values.source(named[1])} both name the hosts: give one")
+    if not named:
+        stray = next((dest for dest in (*HOSTS_ONLY, "tpu_zone") if values.is_set(dest)), None)
+        if stray is not None:
+            raise UsageError(f"{values.source(stray)} is for a job on several hosts: give {flag('hosts')}, "
+                             f"{flag('hostfile')} or {flag('tpu_pod')} too")
+        return False
+    source = values.source(named[0])
+    clash = next((dest for dest in HOSTS_DECIDE if values.is_set(dest)), None)
+    if clash is not None:
+        raise UsageError(f"{values.stated(clash)} cannot go with {source}: the host list makes one node a host, "
+                         "node 0 on the first, in a static rendezvous")
+    if values.is_set("tpu_zone") and not values.is_set("tpu_pod"):
+        raise UsageError(f"{values.source('tpu_zone')} is the zone of {flag('tpu_pod')}: give that too")
+    if values.is_set("tpu_pod") and values.is_set("rsh"):
+        raise UsageError(f"{values.source('rsh')} cannot go with {source}: the pod's workers are reached through "
+                         "gcloud")
+    return True
