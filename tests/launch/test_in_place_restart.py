@@ -3,7 +3,8 @@ runs the same launch again in the same pod: the same command, run id, ports and 
 network namespace and volumes. Nothing the first launch left (its run's log directory and summary file,
 the store port's connections in TIME_WAIT, a launcher killed with its orphan guard still reaping) keeps the
 second from running and exiting 0: on one node, and on two nodes under either rendezvous, whether the first
-launch succeeded, failed (a worker's exit 3) or was killed."""
+launch succeeded, failed (a worker's exit 3) or was killed; nor does a first launch still ending on the
+store's host when another node's second launch reaches its store."""
 
 from __future__ import annotations
 
@@ -118,3 +119,34 @@ def test_two_nodes_restarted_in_place_run_again(nodes: Nodes, tmp_path: Path, ou
     for node in (0, 1):
         assert_second_run(out_dir, tmp_path / f"logs{node}", tmp_path / f"summary{node}.json",
                           port if backend == "static" else None, 2, [node])
+
+
+def connected_to(pid: int, port: int) -> bool:
+    return any(connection.raddr and connection.raddr.port == port and connection.status == psutil.CONN_ESTABLISHED
+               for connection in psutil.Process(pid).net_connections(kind="tcp"))
+
+
+def test_a_node_restarted_before_the_store_host_joins_the_stores_next_launch(nodes: Nodes, tmp_path: Path,
+                                                                             out_dir: Path, port: int) -> None:
+    """The pods' containers restart one after another: node 1's second launch reaches the store of node 0's
+    first, which is still running, and that store stops before node 1 has a seat. Node 1 then waits for the
+    store node 0's second launch serves, rather than ending with the first's."""
+    def start(node: int) -> subprocess.Popen:
+        return nodes.start(*static(port, node, 2, 1), "--rdzv_id", RUN_ID, worker("fails_first_launch.py"),
+                           out_dir, "-1")
+
+    old = [start(0), start(1)]
+    for launcher in old:
+        wait_for(lambda: len(psutil.Process(launcher.pid).children()) >= 2,  # noqa: B023
+                 "the guard and the worker of each node")
+    (out_dir / "failed").touch()  # the next launch's workers succeed
+    os.kill(old[1].pid, signal.SIGKILL)
+    finish(old[1])
+    new_1 = start(1)
+    wait_for(lambda: connected_to(new_1.pid, port), "node 1's second launch to reach the first's store")
+    os.kill(old[0].pid, signal.SIGTERM)
+    finish(old[0])
+    new_0 = start(0)
+    second = nodes.finish_all([new_0, new_1])
+    assert [run.returncode for run in second] == [0, 0], both(second)
+    assert [record["sum"] for record in records(out_dir, 2)] == [1, 1]

@@ -125,10 +125,10 @@ class NodeRendezvous:
         the number the others run under (see :meth:`~xlarun.rendezvous.Rendezvous.assign`).
         """
         with lost_store_is_one_line(self._describe_lost_store):
-            if self._store is None:
-                self._join()
-            me = Member(self._agent, self._host, nproc_per_node, self._place)
-            seat = self._seating.seat(self._store_client(), me, self._seat, self._lead)
+            if self._seat is None:
+                seat = self._first_seat(nproc_per_node)
+            else:
+                seat = self._seating.seat(self._store_client(), self._member(nproc_per_node), self._seat, self._lead)
             self._begin(seat)
         hosts = tuple(member.host for member in self._roster.members) if self._node_hosts and self._roster else ()
         return NodeAssignment(run_id=self._keys.run_id, node_rank=seat.node_rank, nnodes=seat.nnodes,
@@ -136,6 +136,40 @@ class NodeRendezvous:
                               world_size=seat.world_size, master_addr=seat.master_addr, master_port=seat.master_port,
                               restart_count=seat.attempt, agent_store=True, hosts=hosts,
                               job_started_ns=seat.job_started_ns)
+
+    def _member(self, nproc_per_node: int) -> Member:
+        return Member(self._agent, self._host, nproc_per_node, self._place)
+
+    def _first_seat(self, nproc_per_node: int) -> Seat:
+        """Join the job and take a seat in the first attempt this node runs.
+
+        A store that another node serves and that stops before this node has a seat was an earlier
+        launch's of the same run id, ending: a container restarted in place (a Kubernetes JobSet's
+        ``RestartAllContainers``) may reach it before the store's host restarts too. This node then
+        joins the store that host serves next, within the join timeout, instead of ending with the old.
+        """
+        from torch.distributed import DistNetworkError
+
+        deadline = time.monotonic() + self._timeouts.join
+        while True:
+            try:
+                if self._store is None:
+                    self._join()
+                return self._seating.seat(self._store_client(), self._member(nproc_per_node), None, self._lead)
+            except DistNetworkError:
+                if self._serving or time.monotonic() >= deadline:
+                    raise
+            self._status.update(f"the store at {self._store_host}:{self._store_port} stopped before this node had "
+                                "a seat; waiting for its host's next one")
+            self._forget_store()
+
+    def _forget_store(self) -> None:
+        """Drop a store that stopped before this node had a seat, and the heartbeat it fed."""
+        if self._beats is not None:
+            self._beats.stop()
+        with self._lock:
+            self._store = self._watch_client = self._beats = None
+            self._lost = None
 
     def _join(self) -> None:
         """Reach (or serve) the job's store, pass the job check, start beating and take part."""
