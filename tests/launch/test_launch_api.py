@@ -4,6 +4,7 @@ launches real workers and prints what it got back as JSON."""
 from __future__ import annotations
 
 import json
+import shutil
 import signal
 import subprocess
 import sys
@@ -12,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from helpers import REPO, clean_env, is_alive, wait_for
+from helpers import REPO, TESTS, clean_env, is_alive, wait_for
 
 CALLER_TIMEOUT_S = 120
 
@@ -296,3 +297,23 @@ def test_a_killed_caller_leaves_no_worker(tmp_path: Path) -> None:
     caller.kill()
     caller.communicate(timeout=CALLER_TIMEOUT_S)
     wait_for(lambda: not any(is_alive(pid) for pid in workers), "the orphan guard to end the workers", timeout=5)
+
+
+def test_a_caller_that_holds_the_device_is_named(tmp_path: Path) -> None:
+    root = tmp_path / "host"
+    shutil.copytree(TESTS / "fixtures" / "hosts" / "tpu-v4-vm", root)
+    (root / "dev").mkdir(exist_ok=True)
+    (root / "dev" / "accel0").touch()
+    env = {**caller_env(), "XLARUN_HOST_ROOT": str(root), "TPU_LIBRARY_PATH": str(root / "libtpu.so")}
+    done = subprocess.run([sys.executable, str(write_caller(tmp_path, f"""
+        held = open({str(root / "dev" / "accel0")!r})
+        try:
+            xlarun.launch(lambda: 0, device="tpu", nproc_per_node=1)
+        except RuntimeError as error:
+            print(json.dumps([str(error), os.getpid()]))
+    """))], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=CALLER_TIMEOUT_S)
+    assert done.returncode == 0, done.stderr
+    refusal, pid = json.loads(done.stdout.splitlines()[-1])
+    assert refusal.startswith("the tpu device is in use by 1 ")
+    assert f"xlarun: this Python process (pid {pid}) holds {root.resolve() / 'dev' / 'accel0'}, which its workers need" \
+        in done.stderr

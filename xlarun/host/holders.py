@@ -89,8 +89,9 @@ def device_files(device: str, root: str = "/") -> set[str]:
 
 
 def busy_device_holders(device: str, environ: Mapping[str, str]) -> list[Holder]:
-    """Processes other than this launcher that hold ``device``'s files on this host."""
-    return find_holders(device_files(device, host_root(environ)), exclude=(os.getpid(),))
+    """Processes that hold ``device``'s files on this host; this one among them where it does (a Python
+    program or a notebook calling :func:`xlarun.launch` after it opened the device itself)."""
+    return find_holders(device_files(device, host_root(environ)))
 
 
 def find_holders(paths: Iterable[str], proc: str = "/proc", exclude: Iterable[int] = ()) -> list[Holder]:
@@ -172,6 +173,9 @@ def format_age(seconds: float) -> str:
 
 def describe_holder(holder: Holder) -> str:
     """One line: who holds what, for how long, whether it is an earlier launch's worker, how to stop it."""
+    if holder.pid == os.getpid():
+        return (f"this Python process (pid {holder.pid}) holds {', '.join(holder.devices)}, which its workers "
+                "need: release the device first (in a notebook, restart the kernel)")
     earlier = (f"; a worker of an earlier launch (TORCHELASTIC_RUN_ID={holder.run_id})"
                if holder.run_id is not None else "")
     return (f"pid {holder.pid} holds {', '.join(holder.devices)} (running {format_age(holder.age_seconds)}): "
