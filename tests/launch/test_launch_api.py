@@ -317,3 +317,18 @@ def test_a_caller_that_holds_the_device_is_named(tmp_path: Path) -> None:
     assert refusal.startswith("the tpu device is in use by 1 ")
     assert f"xlarun: this Python process (pid {pid}) holds {root.resolve() / 'dev' / 'accel0'}, which its workers need" \
         in done.stderr
+
+
+def test_without_cloudpickle_a_lambda_is_refused_naming_the_extra_and_a_module_function_still_runs(
+        tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        sys.modules["cloudpickle"] = None  # as if it were not installed
+        try:
+            xlarun.launch(lambda: 1, nproc_per_node=1, device="cpu")
+        except ImportError as error:
+            refused = str(error)
+        print(json.dumps([refused, xlarun.launch(os.getpid, nproc_per_node=2, device="cpu").values[0] > 0]))
+    """)
+    assert got[0].endswith("travels to the workers by value with cloudpickle, which is not installed: "
+                           "pip install 'xlarun[notebook]'") and "\n" not in got[0]
+    assert got[1] is True
