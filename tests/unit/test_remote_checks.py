@@ -111,7 +111,7 @@ def test_a_busy_device_is_one_line_naming_the_holder(workdir: Path, busy_tpu: tu
     line = check_host(plan(workdir, "train.py", device="tpu"), environ=environ)
     assert line is not None and "\n" not in line
     assert line.startswith(f"pid {pid} holds {root.resolve() / 'dev' / 'accel0'} (running ")
-    assert f"sleep 60; stop it with: kill {pid}; the tpu device is in use by 1 other process" in line
+    assert f"sleep 60; stop it with: kill {pid}; the tpu device is in use by 1 other process, so nothing was started" in line
     assert line.endswith("pass --allow-busy-device where sharing the device is intended")
     # The plan's variables count as the host's: the device root may come with the plan.
     assert check_host(plan(workdir, "train.py", device="tpu", env=environ), environ={}) == line

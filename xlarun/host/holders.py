@@ -186,6 +186,6 @@ def busy_device_refusal(device: str, holders: list[Holder]) -> str:
     """The line that ends a launch after :func:`describe_holder`'s lines, one per holder (on lines of
     their own, or before it on its line)."""
     them = "them" if len(holders) > 1 else "it"
-    return (f"the {device} device is in use by {len(holders)} other process{'es' if len(holders) > 1 else ''} "
+    return (f"the {device} device is in use by {len(holders)} other process{'es' if len(holders) > 1 else ''}, "
             f"so nothing was started: stop {them}, or pass {flag('allow_busy_device')} "
             "where sharing the device is intended")

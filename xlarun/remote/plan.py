@@ -22,6 +22,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xlarun.flags import flag
+from xlarun.host.devices import HOST_ROOT_VARIABLE
 from xlarun.planning.dryrun import shown_value
 
 ALLOWED_PREFIXES = ("XLARUN_", "PJRT_", "XLA_", "TPU_", "NEURON_", "TORCH_", "PYTHON", "HF_", "WANDB_")
@@ -36,12 +37,17 @@ DEFAULT_LINE_PREFIX = "{host}:${{rank}}: "
 named it (several hosts may report one host name) and the global rank."""
 
 
+STAYING_NAMES = frozenset({HOST_ROOT_VARIABLE})
+"""xlarun's variables that describe the launcher's own machine (the tree its devices are read from):
+each host has its own."""
+
+
 def allowed_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The launcher's variables that travel to the hosts: those of :data:`ALLOWED_PREFIXES` and
-    :data:`ALLOWED_NAMES`. No blanket copy: the launcher's ``PATH``, ``HOME`` or ``CUDA_VISIBLE_DEVICES``
-    describe the launcher's machine, not the hosts'."""
+    :data:`ALLOWED_NAMES`, less :data:`STAYING_NAMES`. No blanket copy: the launcher's ``PATH``, ``HOME``
+    or ``CUDA_VISIBLE_DEVICES`` describe the launcher's machine, not the hosts'."""
     return {name: value for name, value in environ.items()
-            if name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)}
+            if (name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)) and name not in STAYING_NAMES}
 
 
 def redacted(env: Mapping[str, str]) -> dict[str, str]:
