@@ -304,6 +304,7 @@ def test_a_caller_that_holds_the_device_is_named(tmp_path: Path) -> None:
     shutil.copytree(TESTS / "fixtures" / "hosts" / "tpu-v4-vm", root)
     (root / "dev").mkdir(exist_ok=True)
     (root / "dev" / "accel0").touch()
+    (root / "libtpu.so").touch()  # stands in for libtpu, as TorchTPU's preflight wants a file; no worker loads it
     env = {**caller_env(), "XLARUN_HOST_ROOT": str(root), "TPU_LIBRARY_PATH": str(root / "libtpu.so")}
     done = subprocess.run([sys.executable, str(write_caller(tmp_path, f"""
         held = open({str(root / "dev" / "accel0")!r})
