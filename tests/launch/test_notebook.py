@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 from helpers import wait_for
-from notebook import Kernel, jupyter_kernel, run_notebook
+from notebook import Cell, Kernel, jupyter_kernel, run_notebook
 
 IMPORTS = "import os, sys, time\nimport xlarun"
 RANK = 'def rank():\n    return int(os.environ["RANK"])'
@@ -34,7 +34,7 @@ def sleeper(ready_dir: Path) -> str:
             f"    time.sleep(300)")
 
 
-def start_sleepers(kernel: Kernel, ready_dir: Path):
+def start_sleepers(kernel: Kernel, ready_dir: Path) -> Cell:
     assert kernel.run(sleeper(ready_dir)).error is None
     cell = kernel.execute('xlarun.launch(sleep_long, nproc_per_node=4, device="cpu")')
     wait_for(lambda: len(list(ready_dir.iterdir())) == 4, "every worker asleep")
