@@ -159,16 +159,28 @@ def test_a_value_that_cannot_be_pickled_is_named_with_its_rank(tmp_path: Path) -
     assert "rank 0 returned a _thread.lock, which cannot be pickled" in got and "\n" not in got
 
 
-def test_the_callers_environment_and_modules_stay_as_they_were(tmp_path: Path) -> None:
+def test_the_callers_environment_modules_handlers_and_descriptors_stay_as_they_were(tmp_path: Path) -> None:
     got = run_caller(tmp_path, """
-        environ = dict(os.environ)
+        import signal, socket
+
+        def handlers():
+            return {number.name: repr(signal.getsignal(number)) for number in signal.Signals
+                    if number not in (signal.SIGKILL, signal.SIGSTOP)}
+
+        wakeup, _ = socket.socketpair()
+        wakeup.setblocking(False)
+        signal.set_wakeup_fd(wakeup.fileno())
+        signal.signal(signal.SIGUSR1, lambda *_: None)
+        environ, before = dict(os.environ), handlers()
         xlarun.launch(lambda: 1, nproc_per_node=2, device="cpu")
-        modules = set(sys.modules)
+        modules, descriptors = set(sys.modules), sorted(os.listdir("/proc/self/fd"))
         xlarun.launch(lambda: 1, nproc_per_node=2, device="cpu")
         print(json.dumps({"environ": dict(os.environ) == environ, "new": sorted(set(sys.modules) - modules),
-                          "torch": sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "torch_xla"))}))
+                          "torch": sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "torch_xla")),
+                          "handlers": handlers() == before, "wakeup": signal.set_wakeup_fd(-1) == wakeup.fileno(),
+                          "descriptors": sorted(os.listdir("/proc/self/fd")) == descriptors}))
     """)
-    assert got == {"environ": True, "new": [], "torch": []}
+    assert got == {"environ": True, "new": [], "torch": [], "handlers": True, "wakeup": True, "descriptors": True}
 
 
 def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
