@@ -160,7 +160,9 @@ def plan_hosts(hosts: Sequence[str], node_options: Sequence[str], command: Seque
         if not prefix_given:
             shown.append(f"{flag('log_line_prefix_template')}={DEFAULT_LINE_PREFIX.format(host=host)}")
         if cluster_ranks:
-            node = [f"{flag('cluster')}=tpu-vm", f"{flag('rdzv_id')}={run_id}"]
+            # The metadata names node 0 but no port: the user's, where given, goes to every host.
+            port = [] if master_port is None else [f"{flag('master_port')}={master_port}"]
+            node = [f"{flag('cluster')}=tpu-vm", *port, f"{flag('rdzv_id')}={run_id}"]
         else:
             node = [f"{flag('nnodes')}={len(hosts)}", f"{flag('node_rank')}={index}", f"{flag('rdzv_id')}={run_id}"]
         argv = (*node_options, *shown, *node, "--", *command)

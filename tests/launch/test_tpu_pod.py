@@ -1,0 +1,104 @@
+"""``--tpu-pod NAME --tpu-zone ZONE`` against a stub gcloud: the pod's workers listed once from its
+description, each reached with ``gcloud compute tpus tpu-vm ssh --worker=N -- -T``, each node's rank
+and node 0 read from its own VM's metadata server (here one stub server per worker).
+
+The stub (``tests/fixtures/gcloud/gcloud``) runs ssh's command here with ``sh -c``, pointing it at the
+worker's metadata server; the workers' addresses are loopback ones, so node 0 is reachable.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import ExitStack
+from pathlib import Path
+from typing import NamedTuple
+
+import pytest
+from gcloud import StubGcloud, pod_description, stub_gcloud
+from helpers import Run, free_port, run_xlarun
+from metadata import Served, serve_metadata, slice_attributes
+
+IPS = ["127.0.0.1", "127.0.0.2"]
+ZONE = "us-central2-b"
+WORKER = ("import os\nprint('rank', os.environ['RANK'], 'node', os.environ['GROUP_RANK'], 'of',\n"
+          "      os.environ['WORLD_SIZE'], 'at', os.environ['MASTER_ADDR'] + ':' + os.environ['MASTER_PORT'], flush=True)\n")
+
+
+class Pod(NamedTuple):
+    gcloud: StubGcloud
+    metadata: list[Served]
+    workdir: Path
+
+    def run(self, *flags: object, env: dict[str, str] | None = None) -> Run:
+        return run_xlarun("--tpu-pod", "pod", "--tpu-zone", ZONE, *flags, "--nproc-per-node", "1", "train.py",
+                          env={**self.gcloud.env, **(env or {})}, cwd=self.workdir, timeout=180)
+
+    def ssh_calls(self) -> list[list[str]]:
+        return [call for call in self.gcloud.calls() if call[3] == "ssh"]
+
+
+@pytest.fixture
+def pod(tmp_path: Path) -> Iterator[Pod]:
+    (tmp_path / "train.py").write_text(WORKER)
+    with ExitStack() as stack:
+        served = [stack.enter_context(serve_metadata(slice_attributes(worker, IPS))) for worker in range(len(IPS))]
+        gcloud = stub_gcloud(tmp_path, {"pod": {"zone": ZONE, "describe": pod_description(IPS),
+                                                "metadata_hosts": [server.host for server in served]}})
+        yield Pod(gcloud, served, tmp_path)
+
+
+def test_the_dry_run_lists_the_pod_once_and_plans_gclouds_ssh_per_worker(pod: Pod) -> None:
+    result = pod.run("--dry-run")
+    assert result.returncode == 0, result.stderr
+    hosts = json.loads(result.stdout)["hosts"]
+    assert [host["host"] for host in hosts] == IPS
+    for index, host in enumerate(hosts):
+        transport = host["transport"]
+        assert transport[:8] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", ZONE]
+        assert transport[8:10] == [f"--worker={index}", "--command"] and transport[11:] == ["--", "-T"]
+        assert transport[10].endswith(" -m xlarun --agent-stdin")
+        plan = host["plan"]
+        # Each host reads its node rank and node 0 from its metadata, not from the launcher.
+        assert plan["node_rank"] is None and "--cluster=tpu-vm" in plan["argv"]
+        assert not any(word.startswith(("--node-rank", "--nnodes", "--master-addr")) for word in plan["argv"])
+    # The description was read once; no VM was contacted.
+    assert pod.gcloud.calls() == [["compute", "tpus", "tpu-vm", "describe", "pod", "--zone", ZONE, "--format=json"]]
+    assert all(server.requests == [] for server in pod.metadata)
+
+
+def test_every_worker_of_the_pod_runs_its_node_with_the_rank_its_metadata_gives(pod: Pod) -> None:
+    port = free_port()
+    result = pod.run("--master-port", port)
+    assert result.returncode == 0, result.stderr
+    assert sorted(line for line in result.stdout.splitlines() if " rank " in line) == [
+        f"127.0.0.1:0: rank 0 node 0 of 2 at 127.0.0.1:{port}",
+        f"127.0.0.2:1: rank 1 node 1 of 2 at 127.0.0.1:{port}"], result.stdout  # --master-port reaches every host
+    calls = pod.gcloud.calls()
+    assert calls[0][3] == "describe" and [call[3] for call in calls].count("describe") == 1
+    ssh = sorted(pod.ssh_calls())
+    assert [call[:8] for call in ssh] == [["compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", ZONE, f"--worker={n}"]
+                                          for n in range(2)]
+    assert all(call[8] == "--command" and call[10:] == ["--", "-T"] for call in ssh), ssh
+    # Each node asked its own VM's metadata server who it is.
+    for server in pod.metadata:
+        assert any(path.endswith("/agent-worker-number") for path, _ in server.requests), server.requests
+
+
+def test_a_pod_gcloud_cannot_describe_is_one_line_and_starts_nothing(pod: Pod) -> None:
+    result = run_xlarun("--tpu-pod", "other", "--tpu-zone", ZONE, "train.py", env=pod.gcloud.env, cwd=pod.workdir)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"xlarun: error: --tpu-pod other: gcloud compute tpus tpu-vm describe other --zone {ZONE} --format=json "
+        f"failed: ERROR: (gcloud.compute.tpus.tpu-vm) NOT_FOUND: Resource "
+        f"'projects/stub/locations/{ZONE}/nodes/other' was not found"]
+    assert pod.ssh_calls() == []
+
+
+def test_no_gcloud_is_one_line(pod: Pod, tmp_path: Path) -> None:
+    empty = tmp_path / "empty-bin"
+    empty.mkdir()
+    result = run_xlarun("--tpu-pod", "pod", "train.py", env={"PATH": str(empty)}, cwd=pod.workdir)
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == ["xlarun: error: --tpu-pod pod: gcloud is not installed (not on PATH): "
+                                          "install the Google Cloud CLI, or name the VMs with --hosts"]
