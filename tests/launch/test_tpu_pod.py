@@ -56,8 +56,8 @@ def test_the_dry_run_lists_the_pod_once_and_plans_gclouds_ssh_per_worker(pod: Po
     for index, host in enumerate(hosts):
         transport = host["transport"]
         assert transport[:8] == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", ZONE]
-        assert transport[8:10] == [f"--worker={index}", "--command"] and transport[11:] == ["--", "-T"]
-        assert transport[10].endswith(" -m xlarun --agent-stdin")
+        assert transport[8:11] == [f"--worker={index}", "--quiet", "--command"] and transport[12:] == ["--", "-T"]
+        assert transport[11].endswith(" -m xlarun --agent-stdin")
         plan = host["plan"]
         # Each host reads its node rank and node 0 from its metadata, not from the launcher.
         assert plan["node_rank"] is None and "--cluster=tpu-vm" in plan["argv"]
@@ -79,7 +79,7 @@ def test_every_worker_of_the_pod_runs_its_node_with_the_rank_its_metadata_gives(
     ssh = sorted(pod.ssh_calls())
     assert [call[:8] for call in ssh] == [["compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", ZONE, f"--worker={n}"]
                                           for n in range(2)]
-    assert all(call[8] == "--command" and call[10:] == ["--", "-T"] for call in ssh), ssh
+    assert all(call[8:10] == ["--quiet", "--command"] and call[11:] == ["--", "-T"] for call in ssh), ssh
     # Each node asked its own VM's metadata server who it is.
     for server in pod.metadata:
         assert any(path.endswith("/agent-worker-number") for path, _ in server.requests), server.requests

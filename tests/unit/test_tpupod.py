@@ -70,5 +70,6 @@ def test_each_worker_is_reached_by_its_number_without_a_terminal() -> None:
     command = remote_command("/opt/venv/bin/python")
     argv = transport_argv("10.130.0.4", 2, command, rsh_template=pod_rsh_template("my pod", "us-central2-b"))
     assert argv == ["gcloud", "compute", "tpus", "tpu-vm", "ssh", "my pod", "--zone", "us-central2-b", "--worker=2",
-                    "--command", command, "--", "-T"]
-    assert shlex.split(pod_rsh_template("pod", None))[6:] == ["--worker={index}", "--command", "{command}", "--", "-T"]
+                    "--quiet", "--command", command, "--", "-T"]
+    assert shlex.split(pod_rsh_template("pod", None))[6:] == ["--worker={index}", "--quiet", "--command", "{command}",
+                                                             "--", "-T"]

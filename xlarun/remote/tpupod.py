@@ -4,7 +4,7 @@ Usage::
 
     hosts = pod_hosts("my-pod", "us-central2-b")     # ["10.130.0.2", "10.130.0.3", ...], worker 0 first
     template = pod_rsh_template("my-pod", "us-central2-b")
-    # gcloud compute tpus tpu-vm ssh my-pod --zone us-central2-b --worker={index} --command {command} -- -T
+    # gcloud compute tpus tpu-vm ssh my-pod --zone us-central2-b --worker={index} --quiet --command {command} -- -T
 
 The workers are listed once, before anything starts, with ``gcloud compute tpus tpu-vm describe
 NAME --zone ZONE --format=json``: the node's ``networkEndpoints``, one per VM in worker order
@@ -12,7 +12,9 @@ NAME --zone ZONE --format=json``: the node's ``networkEndpoints``, one per VM in
 addresses name the hosts in the output's prefixes and the summary. Each VM is then reached with
 ``gcloud compute tpus tpu-vm ssh NAME --worker=N --command CMD``, which brings gcloud's own keys
 and project; the words after ``--`` go to ssh, and ``-T`` keeps it from asking for a terminal (a
-pty would merge stderr into stdout and add ``\\r`` to every line). Each host reads its node rank
+pty would merge stderr into stdout and add ``\\r`` to every line). ``--quiet`` (a flag of every gcloud
+command) answers gcloud's own questions (a first run's "generate an SSH key?") with their defaults:
+the agent's standard input carries its plan, and nothing else may read it. Each host reads its node rank
 and the slice's shape from its own metadata server (``--cluster tpu-vm``), as a node started by
 hand on that VM would.
 
@@ -50,8 +52,8 @@ def describe_argv(name: str, zone: str | None) -> list[str]:
 
 def pod_rsh_template(name: str, zone: str | None) -> str:
     """The ``--rsh`` template that runs a command on worker ``{index}`` of the pod, without a terminal."""
-    return shlex.join([*TPU_VM, "ssh", name, *zone_words(zone), "--worker={index}", "--command", "{command}",
-                       "--", "-T"])
+    return shlex.join([*TPU_VM, "ssh", name, *zone_words(zone), "--worker={index}", "--quiet", "--command",
+                       "{command}", "--", "-T"])
 
 
 def pod_hosts(name: str, zone: str | None) -> list[str]:
