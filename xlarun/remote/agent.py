@@ -96,14 +96,14 @@ def run_agent() -> int:
     except (ValueError, TypeError, KeyError) as error:
         report(REFUSED, reason=f"cannot read the launcher's plan ({error}): is the launcher's xlarun this one?")
         return 1
-    try:
-        os.chdir(plan.cwd)
-    except OSError as error:
-        report(REFUSED, reason=f"{plan.cwd}: {error.strerror}; pass --remote-cwd")
-        return 1
-    problem = check_host(plan)
+    problem = check_host(plan)  # the release first, then the directory, the command, the device
     if problem is not None:
         report(REFUSED, reason=problem)
+        return 1
+    try:
+        os.chdir(plan.cwd)
+    except OSError as error:  # there, but not this user's to enter
+        report(REFUSED, reason=f"{plan.cwd}: {error.strerror}; pass --remote-cwd")
         return 1
     port = free_port("0.0.0.0") if plan.node_rank == 0 and plan.master_port is None else plan.master_port
     report(READY, address=reached_address(), port=port)
