@@ -85,6 +85,7 @@ def launch_hosts(values: OptionValues, given: Mapping[str, str | None], script: 
                  script_args: tuple[str, ...], environ: Mapping[str, str]) -> int:
     """Run the job on every host (or print, for each, the transport's argv and the plan); the exit code."""
     plans, argvs, remote_python = plan_job(values, given, script, script_args, environ)
+    reached_addresses = rsh_template(values) is None
     if values["dry_run"]:
         document = {"hosts": [{"host": plan.host, "transport": argv, "plan": plan.shown()}
                               for plan, argv in zip(plans, argvs, strict=True)]}
@@ -94,4 +95,4 @@ def launch_hosts(values: OptionValues, given: Mapping[str, str | None], script: 
     from xlarun.remote.fanout import FanOut
 
     return FanOut(plans, argvs, remote_python, master_addr=values.given("master_addr"),
-                  summary_file=values["summary_file"]).run()
+                  reached_addresses=reached_addresses, summary_file=values["summary_file"]).run()

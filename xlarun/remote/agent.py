@@ -123,6 +123,8 @@ class Watch:
         self.host_timeout = host_timeout
         self.heard = time.monotonic()
         self.go: dict[str, Any] = {}
+        self.stop_reason: str | None = None
+        """Why the first stop came, where the launcher did not ask for it: its end report says so."""
         self.selector = selectors.DefaultSelector()
         self.selector.register(stdin.fd, selectors.EVENT_READ)
 
@@ -140,14 +142,20 @@ class Watch:
                 if word == GO:
                     self.go = data
                 if word:
-                    orders.append(word)
+                    orders.append(self.stop("") if word == STOP else word)
             if self.stdin.closed:
                 self.selector.unregister(self.stdin.fd)
-                orders.append(STOP)
+                orders.append(self.stop("the launcher's connection closed"))
         elif time.monotonic() - self.heard > self.host_timeout:
             self.heard = time.monotonic()  # one stop per silence of host_timeout
-            orders.append(STOP)
+            orders.append(self.stop(f"no heartbeat from the launcher for {self.host_timeout:g} s"))
         return orders
+
+    def stop(self, reason: str) -> str:
+        """A stop order; ``reason`` (empty where the launcher asked) is kept if it is the first."""
+        if self.stop_reason is None:
+            self.stop_reason = reason
+        return STOP
 
     def wait_for_go(self) -> dict[str, Any] | None:
         """The ``go`` order's data; None when told to stop (or the launcher is gone) first."""
@@ -180,5 +188,5 @@ def run_node(plan: HostPlan, go: dict[str, Any], watch: Watch) -> int:
         pass  # a node killed before it wrote one
     shutil.rmtree(private, ignore_errors=True)
     exit_code = node.returncode if node.returncode >= 0 else 128 - node.returncode
-    report(END, exit_code=exit_code, summary=summary, started=True)
+    report(END, exit_code=exit_code, summary=summary, started=True, stopped_because=watch.stop_reason or None)
     return exit_code

@@ -96,12 +96,14 @@ class FanOut:
     """The loop over every host's transport; :meth:`run` returns the job's exit code."""
 
     def __init__(self, plans: Sequence[HostPlan], argvs: Sequence[list[str]], remote_python: str, *,
-                 master_addr: str | None = None, summary_file: str | None = None,
+                 master_addr: str | None = None, reached_addresses: bool = True, summary_file: str | None = None,
                  stop_signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)):
-        """``master_addr``: the user's ``--master-addr``; without it node 0 is found where the transport
-        reached the first host (its ``ready``), else by the first host's name."""
+        """``master_addr``: the user's ``--master-addr``; without it node 0 is found where ssh reached the
+        first host (its ``ready``; ``reached_addresses`` False for another transport, whose agents may inherit
+        an unrelated ``SSH_CONNECTION``), else by the first host's name."""
         self.hosts = [Host(plan, argv, remote_python) for plan, argv in zip(plans, argvs, strict=True)]
         self.master_addr = master_addr
+        self.reached_addresses = reached_addresses
         self.stop_signals = tuple(stop_signals)
         self.summary_file = summary_file
         self.selector = selectors.DefaultSelector()
@@ -198,11 +200,14 @@ class FanOut:
 
     # -- what the hosts say
 
-    def read_stream(self, host: Host, fd: int) -> None:
+    def read_stream(self, host: Host, fd: int, draining: bool = False) -> None:
+        """Relay what ``fd`` holds; at its end (or, ``draining``, once it holds nothing more) close it."""
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
-            return
+            if not draining:
+                return
+            data = b""
         except OSError:
             data = b""
         target = 1 if host.process and host.process.stdout and fd == host.process.stdout.fileno() else 2
@@ -231,6 +236,9 @@ class FanOut:
             host.refused = str(report.data.get("reason", "refused"))
         elif report.kind == END:
             host.end = report.data
+            if report.data.get("stopped_because"):
+                # The agent stopped its node on its own: the launcher was frozen, or its input closed.
+                say(f"host {host.plan.host}: {report.data['stopped_because']}: its workers were stopped")
 
     def on_exit(self, host: Host) -> None:
         assert host.process
@@ -241,6 +249,12 @@ class FanOut:
         host.exit_status = host.process.wait()
         if host.exit_status < 0:
             host.exit_status = 128 - host.exit_status
+        # What the transport wrote is all in its pipes now; a process it left behind (a local wrapper's
+        # child) may hold them open, and is no longer the host's voice.
+        for stream in (host.process.stdout, host.process.stderr):
+            assert stream is not None
+            while not stream.closed and stream.fileno() in self.selector.get_map():
+                self.read_stream(host, stream.fileno(), draining=True)
 
     def on_signal(self, number: int) -> None:
         if number not in self.stop_signals:
@@ -266,6 +280,7 @@ class FanOut:
             if host.gone and host.end is None and host.plan.host not in self.failed:
                 self.failed.append(host.plan.host)
                 say(f"host {host.plan.host}: {host.cause()}")
+                self.close_stdin(host)  # an agent still there, behind a transport that died, stops its node
                 self.stop_all()
         if self.failed or self.signal_code is not None:
             return
@@ -274,7 +289,8 @@ class FanOut:
             first = self.hosts[0]
             assert first.ready is not None
             # Empty where the hosts read node 0 themselves (--cluster tpu-vm).
-            address = first.plan.master_addr and (self.master_addr or first.ready.get("address") or first.plan.host)
+            reached = first.ready.get("address") if self.reached_addresses else None
+            address = first.plan.master_addr and (self.master_addr or reached or first.plan.host)
             port = first.plan.master_port or first.ready.get("port")
             for host in self.hosts:
                 host.send(go_line(address, port))
@@ -298,13 +314,17 @@ class FanOut:
         return code
 
     def root_cause(self) -> dict[str, Any] | None:
-        """The failing worker: its host, and its rank as the host's summary names it."""
+        """The failing worker as the first host's summary that names one tells it (every node learns the root
+        cause through the rendezvous): its host, by the node rank it ran on, and its rank."""
         for host in self.hosts:
             summary = (host.end or {}).get("summary") or {}
             cause = summary.get("root_cause")
             if isinstance(cause, dict) and "rank" in cause:
-                what = f"rank {cause['rank']} (exit code {cause.get('exit_status', cause.get('exitcode'))})"
-                return {"host": host.plan.host, "node_rank": host.plan.node_rank, "rank": cause["rank"], "what": what}
+                node_rank = cause.get("node_rank", host.plan.node_rank)
+                where = next((other.plan.host for other in self.hosts if other.plan.node_rank == node_rank),
+                             host.plan.host)
+                what = f"rank {cause['rank']} (exit status {cause.get('exit_status')})"
+                return {"host": where, "node_rank": node_rank, "rank": cause["rank"], "what": what}
         return None
 
     def write_summary(self, code: int, root: dict[str, Any] | None) -> None:

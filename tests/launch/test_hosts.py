@@ -1,0 +1,263 @@
+"""One command runs a job on several hosts: the fan-out's behaviour through a local transport.
+
+``--rsh 'env -i PATH=/usr/bin:/bin sh -c {command}'`` starts each host's agent on this machine, as ssh would on the host:
+the hosts 127.0.0.2 and 127.0.0.3 are loopback addresses, so node 0 serves its store at the
+first one. The same behaviour over a real OpenSSH server is tested in ``test_hosts_ssh.py``.
+Every process of a job is found by its run id in ``/proc/<pid>/environ``, never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+from helpers import Run, files_exist, finish, kill_all, run_xlarun, start_xlarun, wait_for, worker
+
+HOSTS = ("127.0.0.2", "127.0.0.3")
+LOCAL_RSH = "env -i PATH=/usr/bin:/bin sh -c {command}"
+"""A host's agent starts as a login would: with the host's environment, not the launcher's."""
+NPROC = 2
+JOB_VARIABLE = "XLARUN_TEST_JOB"
+"""Set through ``--env`` to the job's run id: every agent, node and worker of the job has it."""
+STOP_DEADLINE_S = 10
+"""How long a stopped job's processes may outlive the cause (teardown's grace included)."""
+
+
+def job_processes(run_id: str) -> list[int]:
+    """Every live process (not a zombie) that belongs to the job ``run_id``."""
+    wanted = (f"TORCHELASTIC_RUN_ID={run_id}".encode(), f"{JOB_VARIABLE}={run_id}".encode())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+            zombie = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+        except (OSError, IndexError):
+            continue
+        if not zombie and any(variable in environ for variable in wanted):
+            found.append(int(entry))
+    return found
+
+
+class Job:
+    """One ``xlarun --hosts`` launcher over the local transport, and the run id that finds its processes."""
+
+    def __init__(self, out_dir: Path, *args: object, env: dict[str, str] | None = None, rsh: str = LOCAL_RSH) -> None:
+        self.run_id = f"hosts-{secrets.token_hex(6)}"
+        self.out_dir = out_dir
+        self.process = start_xlarun("--hosts", ",".join(HOSTS), "--rsh", rsh, "--nproc-per-node", NPROC,
+                                    "--rdzv-id", self.run_id, "--env", f"{JOB_VARIABLE}={self.run_id}", *args,
+                                    env=env, cwd=out_dir)
+
+    def wait_for_workers(self) -> list[int]:
+        paths = [self.out_dir / f"{rank}.pid" for rank in range(len(HOSTS) * NPROC)]
+        wait_for(files_exist(*paths), "every worker on every host")
+        return [int(path.read_text()) for path in paths]
+
+    def finish(self) -> Run:
+        return finish(self.process)
+
+    def assert_gone_within(self, seconds: float, what: str) -> None:
+        deadline = time.monotonic() + seconds
+        while job_processes(self.run_id):
+            if time.monotonic() > deadline:
+                left = [" ".join(psutil.Process(pid).cmdline()) for pid in job_processes(self.run_id)]
+                pytest.fail(f"{what}: still alive {seconds} s later: {left}")
+            time.sleep(0.1)
+
+    def cleanup(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.communicate()
+        kill_all(job_processes(self.run_id))
+
+
+@pytest.fixture
+def start(out_dir: Path) -> Iterator[Callable[..., Job]]:
+    started: list[Job] = []
+
+    def start_job(*args: object, out: Path = out_dir, env: dict[str, str] | None = None, rsh: str = LOCAL_RSH) -> Job:
+        job = Job(out, *args, env=env, rsh=rsh)
+        started.append(job)
+        return job
+
+    yield start_job
+    for job in started:
+        job.cleanup()
+
+
+@pytest.fixture
+def out_dir(tmp_path: Path) -> Path:
+    path = tmp_path / "out"
+    path.mkdir()
+    return path
+
+
+def sleepers(out_dir: Path, *actions: str) -> list[object]:
+    """``faults.py`` with one action per rank (``sleep`` until stopped, ``exit:CODE:SECONDS``)."""
+    return [worker("faults.py"), out_dir, *(actions or ["sleep"] * len(HOSTS) * NPROC)]
+
+
+def one_line(text: str, *words: str) -> str:
+    lines = [line for line in text.splitlines() if all(word in line for word in words)]
+    assert len(lines) == 1, f"expected one line with {words}, got {lines}:\n{text}"
+    return lines[0]
+
+
+def test_two_hosts_all_reduce_as_one_job(start: Callable[..., Job], out_dir: Path, tmp_path: Path) -> None:
+    summary = tmp_path / "summary.json"
+    run = start("--summary-file", summary, worker("mn_allreduce.py"), out_dir).finish()
+    assert run.returncode == 0, run.stderr
+    records = [json.loads((out_dir / f"{rank}.json").read_text()) for rank in range(4)]
+    assert [(record["rank"], record["world"], record["sum"]) for record in records] == [(rank, 4, 6)
+                                                                                       for rank in range(4)]
+    record = json.loads(summary.read_text())
+    assert (record["result"], record["exit_code"]) == ("succeeded", 0)
+    assert [(host["host"], host["node_rank"], host["transport_exit_status"], host["summary"]["exit_code"])
+            for host in record["hosts"]] == [(HOSTS[0], 0, 0, 0), (HOSTS[1], 1, 0, 0)]
+
+
+def test_stdout_stays_stdout_and_stderr_stderr(start: Callable[..., Job]) -> None:
+    run = start(worker("chatter.py"), 3).finish()
+    assert run.returncode == 0, run.stderr
+    for stream, text in (("out", run.stdout), ("err", run.stderr)):
+        lines = [line for line in text.splitlines() if re.search(r"\br\d (out|err) \d", line)]
+        assert len(lines) == 4 * 3, text
+        for line in lines:
+            rank = int(re.search(r"\br(\d) ", line).group(1))  # type: ignore[union-attr]
+            assert line.startswith(f"{HOSTS[rank // NPROC]}:{rank}"), line
+            assert f" {stream} " in line, line
+
+
+def test_a_failing_rank_stops_every_host_with_its_exit_code(start: Callable[..., Job], out_dir: Path) -> None:
+    job = start(*sleepers(out_dir, "sleep", "sleep", "sleep", "exit:7:1"))
+    job.wait_for_workers()
+    run = job.finish()
+    assert run.returncode == 7, run.stderr
+    one_line(run.stderr, f"host {HOSTS[1]}", "rank 3")
+    job.assert_gone_within(5, "rank 3 exited 7")
+
+
+def test_sigint_stops_every_host_and_exits_130(start: Callable[..., Job], out_dir: Path) -> None:
+    job = start(*sleepers(out_dir))
+    job.wait_for_workers()
+    job.process.send_signal(signal.SIGINT)
+    run = job.finish()
+    assert run.returncode == 130, run.stderr
+    assert not job_processes(job.run_id)
+
+
+def test_a_killed_launcher_leaves_nothing(start: Callable[..., Job], out_dir: Path) -> None:
+    job = start(*sleepers(out_dir))
+    job.wait_for_workers()
+    job.process.kill()
+    job.process.communicate()
+    job.assert_gone_within(STOP_DEADLINE_S, "the launcher SIGKILLed")
+
+
+def test_a_frozen_launcher_is_noticed_within_the_host_timeout(start: Callable[..., Job], out_dir: Path) -> None:
+    job = start("--host-timeout", 3, *sleepers(out_dir))
+    job.wait_for_workers()
+    job.process.send_signal(signal.SIGSTOP)
+    try:
+        job.assert_gone_within(3 + STOP_DEADLINE_S, "the launcher SIGSTOPped with --host-timeout 3")
+    finally:
+        job.process.send_signal(signal.SIGCONT)
+    run = job.finish()
+    assert run.returncode != 0, run.stderr
+    for host in HOSTS:
+        one_line(run.stderr, f"host {host}:", "no heartbeat")
+
+
+def test_a_lost_transport_stops_every_host(start: Callable[..., Job], out_dir: Path) -> None:
+    # The shell stays between the launcher and the agent, as ssh does: killing it is losing the connection.
+    job = start(*sleepers(out_dir), rsh="sh -c '{command}; exit $?'")
+    job.wait_for_workers()
+    second = next(transport for transport in psutil.Process(job.process.pid).children()
+                  if any("--node-rank=1" in process.cmdline() for process in transport.children(recursive=True)))
+    second.kill()
+    run = job.finish()
+    assert run.returncode == 1, run.stderr
+    one_line(run.stderr, f"host {HOSTS[1]}: connection lost (sh exit 137)")
+    job.assert_gone_within(STOP_DEADLINE_S, "a transport killed")
+
+
+def test_env_values_travel_in_the_plan_only(start: Callable[..., Job], out_dir: Path, tmp_path: Path) -> None:
+    big = secrets.token_hex(50 * 1024)  # 100 KiB: under Linux's 128 KiB limit on one environment string
+    from_file = secrets.token_hex(16)
+    env_file = tmp_path / "job.env"
+    env_file.write_text(f"# a comment\nFROM_FILE={from_file}\n")
+    job = start("--env", f"BIG={big}", "--env-file", env_file, *sleepers(out_dir),
+                env={"HF_HUB_OFFLINE": "1", "NOT_ALLOWED_TO_TRAVEL": "1"})
+    pids = job.wait_for_workers()
+    environs = [psutil.Process(pid).environ() for pid in pids]
+    command_lines = []
+    for process in psutil.process_iter():
+        try:
+            if process.pid != job.process.pid:  # the launcher's own command line holds what the user typed
+                command_lines.append(" ".join(process.cmdline()))
+        except psutil.Error:
+            pass
+    job.process.send_signal(signal.SIGINT)
+    assert job.finish().returncode == 130
+    for environ in environs:
+        assert (environ.get("BIG"), environ.get("FROM_FILE"), environ.get("HF_HUB_OFFLINE")) == (big, from_file, "1")
+        assert "NOT_ALLOWED_TO_TRAVEL" not in environ
+    assert not [line for line in command_lines if big[:64] in line or from_file in line]
+
+
+def test_sigint_to_one_job_leaves_another_on_the_same_hosts(start: Callable[..., Job], tmp_path: Path) -> None:
+    interrupted_dir, finishing_dir = tmp_path / "interrupted", tmp_path / "finishing"
+    interrupted_dir.mkdir()
+    finishing_dir.mkdir()
+    interrupted = start(*sleepers(interrupted_dir), out=interrupted_dir)
+    finishing = start(*sleepers(finishing_dir, *["exit:0:6"] * 4), out=finishing_dir)
+    interrupted.wait_for_workers()
+    finishing.wait_for_workers()
+    interrupted.process.send_signal(signal.SIGINT)
+    assert interrupted.finish().returncode == 130
+    run = finishing.finish()
+    assert run.returncode == 0, run.stderr
+
+
+def test_the_dry_run_shows_each_host_s_transport_and_plan_and_contacts_nothing(tmp_path: Path) -> None:
+    contacted = tmp_path / "contacted"
+    run = run_xlarun("--dry-run", "--hosts", "h[1-2]", "--rsh", f"touch {contacted} {{host}} {{command}}",
+                     "--env", "HF_TOKEN=very-secret", "--env", "PLAIN=shown", "--nproc-per-node", 2, "train.py",
+                     env={"TRACEPARENT": "00-abc", "NOT_ALLOWED_TO_TRAVEL": "1"})
+    assert run.returncode == 0, run.stderr
+    assert not contacted.exists()
+    assert "very-secret" not in run.stdout
+    hosts = json.loads(run.stdout)["hosts"]
+    assert [host["host"] for host in hosts] == ["h1", "h2"]
+    assert hosts[1]["transport"][:3] == ["touch", str(contacted), "h2"]
+    assert hosts[1]["transport"][3].endswith(" -m xlarun --agent-stdin")
+    plan = hosts[1]["plan"]
+    assert (plan["node_rank"], plan["nnodes"], plan["master_addr"]) == (1, 2, "h1")
+    assert plan["env"]["HF_TOKEN"] == "<redacted>" and plan["env"]["PLAIN"] == "shown"
+    assert plan["env"]["TRACEPARENT"] == "00-abc" and "NOT_ALLOWED_TO_TRAVEL" not in plan["env"]
+    assert plan["argv"][-2:] == ["--", "train.py"] and "--node-rank=1" in plan["argv"]
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (("--hosts", "h1,h1"), "names h1 twice"),
+    (("--hosts", ""), "names no host"),
+    (("--hosts", "h1", "--nnodes", "2"), "--nnodes=2 cannot go with --hosts"),
+    (("--hosts", "h1", "--node-rank", "1"), "--node-rank=1 cannot go with --hosts"),
+    (("--hosts", "h1", "--cluster", "slurm"), "--cluster=slurm cannot go with --hosts"),
+    (("--hosts", "h1", "--rsh", "ssh {host}"), "has no {command}"),
+    (("--rsh", "sh -c {command}"), "--rsh is for a job on several hosts"),
+])
+def test_flags_that_make_no_sense_are_refused_in_one_line(args: tuple[str, ...], words: str) -> None:
+    run = run_xlarun(*args, "train.py")
+    assert run.returncode == 2, run.stderr
+    assert words in run.stderr and len(run.stderr.splitlines()) == 1, run.stderr
