@@ -1,0 +1,308 @@
+"""One command runs a job on several hosts over real ssh: the private sshd of ``tests/sshd.py``
+serves the hosts h1, h2 and h3 (127.0.0.2-4) on this machine, and xlarun reaches them with the
+system's OpenSSH client and the fixture's ``--ssh-config``.
+
+The faults are real: a worker's exit, SIGINT, SIGKILL and SIGSTOP of the launcher, a connection
+reset by ``ss -K``, the server's session process killed, a key the server refuses. All hosts
+share this machine's ``/proc``: a job's processes are found by its run id in
+``/proc/<pid>/environ`` (the workers' ``TORCHELASTIC_RUN_ID``, and a variable every node and
+worker of the job gets through ``--env``), never by name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from helpers import Run, files_exist, finish, kill_all, start_xlarun, wait_for, worker
+from sshd import HOSTS, SshHosts
+
+pytestmark = pytest.mark.ssh
+
+NPROC = 2
+JOB_VARIABLE = "TEST_JOB_ID"
+"""Set through ``--env`` to the job's run id: every node and worker of that job has it."""
+STOP_DEADLINE_S = 10
+"""How long a stopped job's workers may outlive the cause on any host (teardown's grace included)."""
+FAST_EXIT_S = 8
+"""A launcher answers a worker's failure or SIGINT within this (a few seconds, on a loaded 2-core machine)."""
+
+
+def job_processes(run_id: str) -> list[int]:
+    """The pids of every process on this machine (every "host") that belongs to the job ``run_id``."""
+    wanted = (f"TORCHELASTIC_RUN_ID={run_id}".encode(), f"{JOB_VARIABLE}={run_id}".encode())
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(variable in environ for variable in wanted):
+            found.append(int(entry))
+    return found
+
+
+def worker_environ(pid: int) -> dict[str, str]:
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(entry.decode(errors="replace").partition("=")[::2] for entry in entries if entry)
+
+
+class Job:
+    """One ``xlarun --hosts`` launcher and the run id that finds its processes."""
+
+    def __init__(self, hosts: SshHosts, out_dir: Path, *args: object, ssh_config: Path | None = None,
+                 env: dict[str, str] | None = None) -> None:
+        self.run_id = f"ssh-{secrets.token_hex(6)}"
+        self.out_dir = out_dir
+        self.process = start_xlarun("--hosts", "h1,h2", "--ssh-config", ssh_config or hosts.config,
+                                    "--nproc-per-node", NPROC, "--rdzv-id", self.run_id,
+                                    "--env", f"{JOB_VARIABLE}={self.run_id}", *args, env=env, cwd=out_dir)
+
+    def wait_for_workers(self, count: int = 2 * NPROC) -> list[int]:
+        """The pids of ``faults.py``'s ranks once all ``count`` recorded them."""
+        paths = [self.out_dir / f"{rank}.pid" for rank in range(count)]
+        started = files_exist(*paths)
+        wait_for(lambda: started() or self.process.poll() is not None, f"{count} workers on the hosts")
+        if not started():
+            run = self.finish()
+            pytest.fail(f"the launcher exited {run.returncode} before {count} workers started:\n{run.stderr}")
+        pids = [int(path.read_text()) for path in paths]
+        # What finds the job's survivors finds its workers while they run.
+        assert set(pids) <= set(job_processes(self.run_id)), self.describe(job_processes(self.run_id))
+        return pids
+
+    def finish(self) -> Run:
+        return finish(self.process)
+
+    def assert_gone_within(self, seconds: float, what: str) -> None:
+        """No process of the job alive on any host within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while job_processes(self.run_id):
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what}: still alive {seconds} s later: {self.describe(job_processes(self.run_id))}")
+            time.sleep(0.1)
+
+    @staticmethod
+    def describe(pids: list[int]) -> str:
+        described = []
+        for pid in pids:
+            try:
+                words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            described.append(f"{pid} {b' '.join(words).decode(errors='replace')}")
+        return "; ".join(described)
+
+    def cleanup(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()  # SIGKILL ends a stopped process too
+            self.process.communicate()
+        kill_all(job_processes(self.run_id))
+
+
+@pytest.fixture
+def jobs(ssh_hosts: SshHosts) -> Iterator[list[Job]]:
+    """The jobs a test starts; whatever is left of them is killed at teardown."""
+    started: list[Job] = []
+    yield started
+    for job in started:
+        job.cleanup()
+
+
+@pytest.fixture
+def start(ssh_hosts: SshHosts, jobs: list[Job], out_dir: Path) -> Callable[..., Job]:
+    """Start a job on h1 and h2 (``Job``'s arguments; its workers write to ``out``, ``out_dir`` unless given)."""
+    def start_job(*args: object, out: Path = out_dir, ssh_config: Path | None = None,
+                  env: dict[str, str] | None = None) -> Job:
+        job = Job(ssh_hosts, out, *args, ssh_config=ssh_config, env=env)
+        jobs.append(job)
+        return job
+    return start_job
+
+
+def sleepers(out_dir: Path, *actions: str) -> list[object]:
+    """``faults.py`` writing its pids to ``out_dir``, with one action per rank (``sleep``: until stopped)."""
+    return [worker("faults.py"), out_dir, *actions]
+
+
+def one_line(text: str, *words: str) -> str:
+    """The one line of ``text`` that holds every word; fails unless exactly one does."""
+    lines = [line for line in text.splitlines() if all(word in line for word in words)]
+    assert len(lines) == 1, f"expected one line with {words}, got {lines}:\n{text}"
+    return lines[0]
+
+
+def test_two_hosts_all_reduce_as_one_job(start: Callable[..., Job], out_dir: Path, tmp_path: Path) -> None:
+    summary = tmp_path / "summary.json"
+    job = start("--summary-file", summary, worker("mn_allreduce.py"), out_dir)
+    run = job.finish()
+    assert run.returncode == 0, run.stderr
+    records = [json.loads((out_dir / f"{rank}.json").read_text()) for rank in range(4)]
+    assert [record["rank"] for record in records] == [0, 1, 2, 3]
+    assert {record["world"] for record in records} == {4}
+    assert {record["sum"] for record in records} == {0 + 1 + 2 + 3}
+    hosts = json.loads(summary.read_text())["hosts"]
+    assert [host["host"] for host in hosts] == ["h1", "h2"], hosts
+    assert [host["transport_exit_status"] for host in hosts] == [0, 0], hosts
+    assert [host["summary"]["exit_code"] for host in hosts] == [0, 0], hosts
+
+
+def test_every_worker_line_names_its_host_and_rank(start: Callable[..., Job]) -> None:
+    run = start(worker("chatter.py"), 3).finish()
+    assert run.returncode == 0, run.stderr
+    for name, text in (("out", run.stdout), ("err", run.stderr)):
+        worker_lines = [line for line in text.splitlines() if re.search(rf"\br\d {name} \d", line)]
+        assert len(worker_lines) == 4 * 3, text
+        for line in worker_lines:
+            rank = int(re.search(r"\br(\d) ", line).group(1))  # type: ignore[union-attr]
+            host = "h1" if rank < NPROC else "h2"
+            assert re.fullmatch(rf"{host}:{rank}: r{rank} {name} \d x*", line), line
+    assert all(re.match(r"h[12]:\d: ", line) for line in run.stdout.splitlines()), run.stdout
+
+
+def test_a_failing_rank_stops_every_host_with_its_exit_code(start: Callable[..., Job], out_dir: Path) -> None:
+    job = start(*sleepers(out_dir, "sleep", "sleep", "sleep", "exit:7:2"))
+    job.wait_for_workers()
+    failed_at = time.monotonic() + 2
+    run = job.finish()
+    assert run.returncode == 7, run.stderr
+    assert time.monotonic() - failed_at < FAST_EXIT_S, run.stderr
+    report = [line for line in run.stderr.splitlines() if "h2" in line and re.search(r"\brank 3\b", line)]
+    assert report, run.stderr
+    job.assert_gone_within(5, "rank 3 exited 7")
+
+
+def test_sigint_stops_every_host_and_exits_130(start: Callable[..., Job], out_dir: Path) -> None:
+    job = start(*sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"))
+    job.wait_for_workers()
+    job.process.send_signal(signal.SIGINT)
+    run = job.finish()
+    assert run.returncode == 130, run.stderr
+    assert not job_processes(job.run_id), job.describe(job_processes(job.run_id))
+
+
+def test_a_killed_launcher_leaves_no_worker_on_any_host(start: Callable[..., Job], out_dir: Path) -> None:
+    job = start(*sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"))
+    job.wait_for_workers()
+    job.process.kill()
+    job.process.communicate()
+    job.assert_gone_within(STOP_DEADLINE_S, "the launcher SIGKILLed")
+
+
+def test_a_frozen_launcher_is_noticed_within_the_host_timeout(start: Callable[..., Job], out_dir: Path) -> None:
+    job = start("--host-timeout", 3, *sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"))
+    job.wait_for_workers()
+    job.process.send_signal(signal.SIGSTOP)
+    job.assert_gone_within(3 + STOP_DEADLINE_S, "the launcher SIGSTOPped with --host-timeout 3")
+    job.process.send_signal(signal.SIGCONT)
+    run = job.finish()
+    assert run.returncode != 0, run.stderr
+    for alias in ("h1", "h2"):
+        one_line(run.stderr, f"host {alias}:", "heartbeat")
+
+
+@pytest.mark.parametrize("fault", ["ss -K", "sshd session killed"])
+def test_a_lost_connection_stops_every_host(start: Callable[..., Job], ssh_hosts: SshHosts, out_dir: Path,
+                                            fault: str) -> None:
+    job = start(*sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"))
+    job.wait_for_workers()
+    if fault == "ss -K":
+        subprocess.run(["ss", "-K", "dst", HOSTS["h2"], "dport", "=", f":{ssh_hosts.port}"], check=True,
+                       capture_output=True)
+    else:
+        sessions = ssh_hosts.sessions_to("h2")
+        assert sessions, "no sshd session serves h2"
+        for session in sessions:
+            session.kill()
+    run = job.finish()
+    assert run.returncode == 1, run.stderr
+    one_line(run.stderr, "host h2: connection lost (ssh exit 255)")
+    job.assert_gone_within(STOP_DEADLINE_S, fault)
+
+
+def test_a_missing_remote_cwd_is_refused_before_any_worker(start: Callable[..., Job], out_dir: Path,
+                                                           tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-dir"
+    run = start("--remote-cwd", missing, worker("marker.py"), out_dir / "ran").finish()
+    assert run.returncode == 1, run.stderr
+    for alias in ("h1", "h2"):
+        one_line(run.stderr, f"host {alias}:", str(missing))
+    assert not (out_dir / "ran").exists()
+
+
+def test_a_missing_interpreter_is_refused_before_any_worker(start: Callable[..., Job], out_dir: Path) -> None:
+    run = start("--remote-python", "/nonexistent/python", worker("marker.py"), out_dir / "ran").finish()
+    assert run.returncode == 1, run.stderr
+    for alias in ("h1", "h2"):
+        one_line(run.stderr, f"host {alias}: /nonexistent/python not found")
+    assert not (out_dir / "ran").exists()
+
+
+def test_a_refused_key_on_one_host_starts_no_worker_anywhere(start: Callable[..., Job], ssh_hosts: SshHosts,
+                                                              out_dir: Path, tmp_path: Path) -> None:
+    stranger = tmp_path / "stranger"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True,
+                   capture_output=True)
+    config = ssh_hosts.config_with_identity(tmp_path / "ssh_config", stranger, aliases=("h2",))
+    run = start(worker("marker.py"), out_dir / "ran", ssh_config=config).finish()
+    assert run.returncode == 1, run.stderr
+    one_line(run.stderr, "host h2:", "Permission denied (publickey)")
+    assert "host h1:" not in run.stderr
+    assert not (out_dir / "ran").exists()
+
+
+def test_env_values_reach_every_host_and_no_command_line(start: Callable[..., Job], out_dir: Path,
+                                                         tmp_path: Path) -> None:
+    big = secrets.token_hex(50 * 1024)  # 100 KiB: under Linux's 128 KiB limit on one environment string
+    from_file = secrets.token_hex(16)
+    env_file = tmp_path / "job.env"
+    env_file.write_text(f"# a comment\nFROM_FILE={from_file}\n")
+    job = start("--env", f"BIG={big}", "--env-file", env_file,
+                *sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"),
+                env={"HF_HUB_OFFLINE": "1", "NOT_ALLOWED_TO_TRAVEL": "1"})
+    pids = job.wait_for_workers()
+    environs = [worker_environ(pid) for pid in pids]
+    command_lines = []  # every process's but the launcher's own, whose command line the user wrote
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and int(entry) != job.process.pid:
+            try:
+                command_lines.append(Path(f"/proc/{entry}/cmdline").read_bytes())
+            except OSError:
+                pass
+    job.process.send_signal(signal.SIGINT)
+    run = job.finish()
+    assert run.returncode == 130, run.stderr
+    for environ in environs:
+        assert environ.get("BIG") == big
+        assert environ.get("FROM_FILE") == from_file
+        assert environ.get("HF_HUB_OFFLINE") == "1"
+        assert "NOT_ALLOWED_TO_TRAVEL" not in environ
+    servers = {environ.get("SSH_CONNECTION", "").split(" ")[2:3][0] for environ in environs
+               if environ.get("SSH_CONNECTION")}
+    assert servers == {HOSTS["h1"], HOSTS["h2"]}
+    assert not [line for line in command_lines if big[:64].encode() in line or from_file.encode() in line]
+
+
+def test_sigint_to_one_job_leaves_another_on_the_same_hosts(start: Callable[..., Job], tmp_path: Path) -> None:
+    interrupted_dir, finishing_dir = tmp_path / "interrupted", tmp_path / "finishing"
+    interrupted_dir.mkdir()
+    finishing_dir.mkdir()
+    interrupted = start(*sleepers(interrupted_dir, "sleep", "sleep", "sleep", "sleep"), out=interrupted_dir)
+    finishing = start(*sleepers(finishing_dir, *["exit:0:8"] * 4), out=finishing_dir)
+    interrupted.wait_for_workers()
+    finishing.wait_for_workers()
+    interrupted.process.send_signal(signal.SIGINT)
+    assert interrupted.finish().returncode == 130
+    run = finishing.finish()
+    assert run.returncode == 0, run.stderr
+    interrupted.assert_gone_within(0, "the interrupted job")
