@@ -147,12 +147,14 @@ def test_a_failing_rank_stops_every_host_with_its_exit_code(start: Callable[...,
     job.assert_gone_within(5, "rank 3 exited 7")
 
 
-def test_sigint_stops_every_host_and_exits_130(start: Callable[..., Job], out_dir: Path) -> None:
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_stop_signal_stops_every_host_before_the_launcher_exits(start: Callable[..., Job], out_dir: Path,
+                                                                  stop: int, code: int) -> None:
     job = start(*sleepers(out_dir))
     job.wait_for_workers()
-    job.process.send_signal(signal.SIGINT)
+    job.process.send_signal(stop)
     run = job.finish()
-    assert run.returncode == 130, run.stderr
+    assert run.returncode == code, run.stderr
     assert not job_processes(job.run_id)
 
 
