@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import codecs
 import json
+import linecache
 import os
 import pickle
 import shutil
@@ -270,7 +271,14 @@ def write_payload(path: str, function: Callable[..., Any], args: tuple[Any, ...]
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
         pickle.dump([entry for entry in sys.path if entry], handle)
+        pickle.dump(unsaved_sources(), handle)
         handle.write(data)
+
+
+def unsaved_sources() -> dict[str, Any]:
+    """The caller's ``linecache`` entries of code without a file (mtime ``None``): IPython registers
+    each notebook cell there, so a worker's traceback shows a cell's failing line, not only its number."""
+    return {name: entry for name, entry in linecache.cache.items() if len(entry) == 4 and entry[1] is None}
 
 
 def importable_by_name(function: Callable[..., Any]) -> bool:

@@ -1,8 +1,9 @@
 """What a worker of :func:`xlarun.launch` runs: ``python -m xlarun.worker.call PAYLOAD``.
 
-``PAYLOAD`` names a file in the launch's private directory holding two pickles: the caller's
-``sys.path`` (so a function that travels by reference imports here as it did there), then the
-function and its arguments. The worker calls it and leaves, beside the payload:
+``PAYLOAD`` names a file in the launch's private directory holding three pickles: the caller's
+``sys.path`` (so a function that travels by reference imports here as it did there), the source
+lines of the caller's code without a file (a notebook's cells, for this worker's tracebacks), then
+the function and its arguments. The worker calls it and leaves, beside the payload:
 
 - :func:`result_file`: the return value, pickled, once it is whole (written to a temporary
   name, then renamed), or
@@ -19,6 +20,7 @@ lambda among them); the payload is read with the standard unpickler, which loads
 
 from __future__ import annotations
 
+import linecache
 import os
 import pickle
 import sys
@@ -67,6 +69,7 @@ def call(payload: str, rank: int) -> None:
         caller_path = pickle.load(handle)
         # The caller's path after this interpreter's own: a function importable there imports here.
         sys.path.extend(entry for entry in caller_path if entry not in sys.path)
+        linecache.cache.update(pickle.load(handle))
         function, args = pickle.load(handle)
     value = function(*args)
     try:
