@@ -84,7 +84,10 @@ def test_a_ranks_exception_reaches_the_cell(kernel: Kernel) -> None:
 def test_the_workers_output_shows_in_the_cell(kernel: Kernel) -> None:
     """As on the command line: each worker's lines as they are, and with tee=3 prefixed
     [role local_rank]:."""
-    assert kernel.run('def greet():\n    print("hello from", os.environ["RANK"], flush=True)').error is None
+    # One write a line: unbuffered workers' print() writes its pieces apart, which interleave on a
+    # terminal as in a cell.
+    greet = 'def greet():\n    sys.stdout.write(f"hello from {os.environ[\'RANK\']}\\n")\n    sys.stdout.flush()'
+    assert kernel.run(greet).error is None
     plain = kernel.run('xlarun.launch(greet, nproc_per_node=4, device="cpu").exit_code')
     assert plain.error is None, plain.error_text
     assert sorted(line for line in plain.stdout.splitlines() if "hello from" in line) == [
