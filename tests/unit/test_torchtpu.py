@@ -159,6 +159,12 @@ def versions(**installed: str) -> packages.VersionLookup:
     return lambda name: installed.get(name.replace("-", "_"))
 
 
+def no_torch_requirement(distribution: str) -> None:
+    """The requirement lookup of the fake packages :func:`versions` finds: their metadata pins no torch
+    (the installed packages' own requirements, read by default, belong to another world)."""
+    return None
+
+
 @pytest.mark.parametrize("device, installed, runtime", [
     ("tpu", {"torch_tpu": "0.2.0"}, "torchtpu"),
     ("neuron", {"torch_neuronx": "2.12.0"}, "torchneuron"),
@@ -187,13 +193,14 @@ def test_a_native_runtime_without_its_package_is_refused(runtime: str, installed
                                                          environ: dict[str, str], message: str) -> None:
     with pytest.raises(UsageError) as refused:
         packages.preflight(NATIVE_DEVICE[runtime], runtime, tpu_library_path=environ.get("TPU_LIBRARY_PATH"),
-                           version_of=versions(**installed))
+                           version_of=versions(**installed), torch_requirement_of=no_torch_requirement)
     assert message in str(refused.value)
 
 
 def test_a_native_runtime_with_its_package_passes() -> None:
-    packages.preflight("tpu", "torchtpu", version_of=versions(torch_tpu="0.2.0"))
-    packages.preflight("neuron", "torchneuron", version_of=versions(torch_neuronx="2.12.0"))
+    packages.preflight("tpu", "torchtpu", version_of=versions(torch_tpu="0.2.0"), torch_requirement_of=no_torch_requirement)
+    packages.preflight("neuron", "torchneuron", version_of=versions(torch_neuronx="2.12.0"),
+                       torch_requirement_of=no_torch_requirement)
 
 
 # --- planning on the fixture hosts ----------------------------------------------------------------
