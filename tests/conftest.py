@@ -39,6 +39,7 @@ TORCH_FREE = frozenset({
     "test_faults.py",
     "test_input_bounds.py",
     "test_metadata.py",
+    "test_notebook.py",
     "test_orphans.py",
     "test_restarts.py",
     "test_signals.py",
