@@ -43,6 +43,7 @@ import pytest
 
 from xlarun.cli.command import parse_command_line
 from xlarun.cli.launch import PreparedLaunch, prepare_launch
+from xlarun.cli.options import read_options
 from xlarun.exceptions import UsageError
 
 TESTS = Path(__file__).resolve().parent
@@ -240,7 +241,9 @@ HOST = {"XLARUN_HOST_ROOT": str(CPU_HOST)}
 def prepare(*argv: str, env: dict[str, str] | None = None) -> PreparedLaunch:
     command_line = parse_command_line(list(argv))
     assert command_line is not None
-    return prepare_launch(*command_line, {**HOST, **(env or {})})
+    given, script, script_args = command_line
+    environ = {**HOST, **(env or {})}
+    return prepare_launch(read_options(given, environ), script, script_args, environ)
 
 
 def refusal(*argv: str, env: dict[str, str] | None = None) -> str:

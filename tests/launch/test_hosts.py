@@ -124,6 +124,11 @@ def test_two_hosts_all_reduce_as_one_job(start: Callable[..., Job], out_dir: Pat
     assert (record["result"], record["exit_code"]) == ("succeeded", 0)
     assert [(host["host"], host["node_rank"], host["transport_exit_status"], host["summary"]["exit_code"])
             for host in record["hosts"]] == [(HOSTS[0], 0, 0, 0), (HOSTS[1], 1, 0, 0)]
+    # Every node says the same of its own workers: its launcher's lines name the host they came from.
+    notices = [line for line in run.stderr.splitlines() if "OMP_NUM_THREADS=1" in line]
+    assert sorted(notices) == sorted(f"xlarun: host {host}: OMP_NUM_THREADS=1 for each of the 2 workers "
+                                     "(torchrun's default with several workers per node); set OMP_NUM_THREADS "
+                                     "yourself to choose another value" for host in HOSTS), run.stderr
 
 
 def test_stdout_stays_stdout_and_stderr_stderr(start: Callable[..., Job]) -> None:

@@ -188,7 +188,8 @@ def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
         import threading
 
         refused = []
-        for options in ({"nproc_per_node": "x"}, {"nproc_pre_node": 2}, {"standalone": "yes"}):
+        for options in ({"nproc_per_node": "x"}, {"nproc_pre_node": 2}, {"standalone": "yes"},
+                        {"hosts": ["127.0.0.2", "127.0.0.3"]}):
             try:
                 xlarun.launch(lambda: 0, device="cpu", **options)
             except ValueError as error:
@@ -215,8 +216,9 @@ def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
     assert got[0].startswith("--nproc-per-node='x' is invalid")
     assert got[1].startswith("unknown option nproc_pre_node=")
     assert got[2].startswith("--standalone is a switch")
-    assert got[3].startswith("xlarun.launch() called inside a worker (LOCAL_RANK is set)")
-    assert got[4].startswith("xlarun.launch() runs in the main thread only")
+    assert got[3].startswith("launch() runs the workers of this host; a job on several hosts is the command's")
+    assert got[4].startswith("xlarun.launch() called inside a worker (LOCAL_RANK is set)")
+    assert got[5].startswith("xlarun.launch() runs in the main thread only")
     assert all("\n" not in line for line in got)
 
 

@@ -59,15 +59,15 @@ class PreparedLaunch:
     """``--metrics-textfile``: where the run's state is kept for node_exporter, if anywhere."""
 
 
-def prepare_launch(given: Mapping[str, str | None], script: str | None, script_args: tuple[str, ...],
+def prepare_launch(values: OptionValues, script: str | None, script_args: tuple[str, ...],
                    environ: Mapping[str, str]) -> PreparedLaunch:
-    """Read the options, plan the device and the workers, and check the whole plan.
+    """Plan the device and the workers of one node from the options read (:func:`read_options`), and check
+    the whole plan.
 
     Pure but for reading the host's device files and the installed packages' metadata:
     every refusal of bad input happens here, as a :class:`UsageError`.
     """
     script = require_script(script)
-    values = read_options(given, environ)
     user_environ = environ
     if values["cluster"] != "none":
         values, cluster_environ = apply_cluster(values, environ)
@@ -112,7 +112,7 @@ def launch_from_command_line(given: Mapping[str, str | None], script: str | None
         from xlarun.cli.hosts import launch_hosts
 
         return launch_hosts(values, given, script, script_args, environ)
-    prepared = prepare_launch(given, script, script_args, environ)
+    prepared = prepare_launch(values, script, script_args, environ)
     if prepared.config.dry_run:
         return print_plan(prepared, environ)
     return run_launch(prepared, environ).exit_code

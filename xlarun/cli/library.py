@@ -48,11 +48,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from xlarun.cli.launch import prepare_launch, run_launch
-from xlarun.cli.options import OPTIONS_BY_DEST
+from xlarun.cli.options import OPTIONS_BY_DEST, read_options
+from xlarun.cli.rules import check_hosts
 from xlarun.console import flush_consoles
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord
+from xlarun.flags import flag
 from xlarun.supervision.end import RootCause, RunEnd
 from xlarun.worker.call import exception_file, result_file
 
@@ -300,7 +302,11 @@ def run(given: Mapping[str, str], script: str, script_args: tuple[str, ...]) -> 
     :class:`RuntimeError` for a launcher that cannot go on."""
     environ = dict(os.environ)
     try:
-        prepared = prepare_launch(given, script, script_args, environ)
+        values = read_options(given, environ)
+        if check_hosts(values):
+            raise UsageError(f"launch() runs the workers of this host; a job on several hosts is the command's: "
+                             f"xlarun {flag('hosts')} ... (or {flag('hostfile')}, {flag('tpu_pod')})")
+        prepared = prepare_launch(values, script, script_args, environ)
         return run_launch(prepared, environ)
     except UsageError as error:
         raise ValueError(str(error)) from None

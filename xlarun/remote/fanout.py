@@ -229,7 +229,7 @@ class FanOut:
                 # The transport's or the agent's own words before the node runs: kept for the host's one line.
                 host.stderr_tail = [*host.stderr_tail, line.decode(errors="replace").strip()][-STDERR_LINES_KEPT:]
             else:
-                console(target).write(line)
+                console(target).write(host_line(host.plan.host, line))
         elif report.kind == READY:
             host.ready = report.data
         elif report.kind == REFUSED:
@@ -349,3 +349,15 @@ class FanOut:
             json.dump(record, handle, indent=2)
         os.replace(temporary, self.summary_file)
 
+
+LAUNCHER_LINE = b"xlarun: "
+"""How a node's own launcher begins its lines (:func:`xlarun.console.say`)."""
+
+
+def host_line(host: str, line: bytes) -> bytes:
+    """A line of one host's output as the console shows it: the node's own launcher lines name the host
+    as the fan-out's do (``xlarun: host h2: ...``), since every host says the same things; the workers'
+    lines carry their host in their prefix already."""
+    if line.startswith(LAUNCHER_LINE):
+        return b"%shost %s: %s" % (LAUNCHER_LINE, host.encode(errors="replace"), line[len(LAUNCHER_LINE):])
+    return line
