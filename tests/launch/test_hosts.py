@@ -9,84 +9,26 @@ Every process of a job is found by its run id in ``/proc/<pid>/environ``, never 
 from __future__ import annotations
 
 import json
-import os
 import re
 import secrets
 import signal
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import Run, files_exist, finish, kill_all, run_xlarun, start_xlarun, wait_for, worker
+from helpers import run_xlarun, worker
+from hosts import NPROC, STOP_DEADLINE_S, Job, job_processes, one_line, sleepers
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 LOCAL_RSH = "env -i PATH=/usr/bin:/bin sh -c {command}"
 """A host's agent starts as a login would: with the host's environment, not the launcher's."""
-NPROC = 2
-JOB_VARIABLE = "XLARUN_TEST_JOB"
-"""Set through ``--env`` to the job's run id: every agent, node and worker of the job has it."""
-STOP_DEADLINE_S = 10
-"""How long a stopped job's processes may outlive the cause (teardown's grace included)."""
-
-
-def job_processes(run_id: str) -> list[int]:
-    """Every live process (not a zombie) that belongs to the job ``run_id``."""
-    wanted = (f"TORCHELASTIC_RUN_ID={run_id}".encode(), f"{JOB_VARIABLE}={run_id}".encode())
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            zombie = Path(f"/proc/{entry}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-        except (OSError, IndexError):
-            continue
-        if not zombie and any(variable in environ for variable in wanted):
-            found.append(int(entry))
-    return found
-
-
-class Job:
-    """One ``xlarun --hosts`` launcher over the local transport, and the run id that finds its processes."""
-
-    def __init__(self, out_dir: Path, *args: object, env: dict[str, str] | None = None, rsh: str = LOCAL_RSH) -> None:
-        self.run_id = f"hosts-{secrets.token_hex(6)}"
-        self.out_dir = out_dir
-        self.process = start_xlarun("--hosts", ",".join(HOSTS), "--rsh", rsh, "--nproc-per-node", NPROC,
-                                    "--rdzv-id", self.run_id, "--env", f"{JOB_VARIABLE}={self.run_id}", *args,
-                                    env=env, cwd=out_dir)
-
-    def wait_for_workers(self) -> list[int]:
-        paths = [self.out_dir / f"{rank}.pid" for rank in range(len(HOSTS) * NPROC)]
-        wait_for(files_exist(*paths), "every worker on every host")
-        return [int(path.read_text()) for path in paths]
-
-    def finish(self) -> Run:
-        return finish(self.process)
-
-    def assert_gone_within(self, seconds: float, what: str) -> None:
-        deadline = time.monotonic() + seconds
-        while job_processes(self.run_id):
-            if time.monotonic() > deadline:
-                left = [" ".join(psutil.Process(pid).cmdline()) for pid in job_processes(self.run_id)]
-                pytest.fail(f"{what}: still alive {seconds} s later: {left}")
-            time.sleep(0.1)
-
-    def cleanup(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()
-            self.process.communicate()
-        kill_all(job_processes(self.run_id))
-
-
 @pytest.fixture
 def start(out_dir: Path) -> Iterator[Callable[..., Job]]:
     started: list[Job] = []
 
     def start_job(*args: object, out: Path = out_dir, env: dict[str, str] | None = None, rsh: str = LOCAL_RSH) -> Job:
-        job = Job(out, *args, env=env, rsh=rsh)
+        job = Job(["--hosts", ",".join(HOSTS), "--rsh", rsh], out, *args, env=env)
         started.append(job)
         return job
 
@@ -100,17 +42,6 @@ def out_dir(tmp_path: Path) -> Path:
     path = tmp_path / "out"
     path.mkdir()
     return path
-
-
-def sleepers(out_dir: Path, *actions: str) -> list[object]:
-    """``faults.py`` with one action per rank (``sleep`` until stopped, ``exit:CODE:SECONDS``)."""
-    return [worker("faults.py"), out_dir, *(actions or ["sleep"] * len(HOSTS) * NPROC)]
-
-
-def one_line(text: str, *words: str) -> str:
-    lines = [line for line in text.splitlines() if all(word in line for word in words)]
-    assert len(lines) == 1, f"expected one line with {words}, got {lines}:\n{text}"
-    return lines[0]
 
 
 def test_two_hosts_all_reduce_as_one_job(start: Callable[..., Job], out_dir: Path, tmp_path: Path) -> None:

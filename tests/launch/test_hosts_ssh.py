@@ -22,92 +22,19 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from helpers import Run, files_exist, finish, kill_all, start_xlarun, wait_for, worker
+from helpers import worker
+from hosts import NPROC, STOP_DEADLINE_S, Job, describe, job_processes, one_line, sleepers
 from sshd import HOSTS, SshHosts
 
 pytestmark = pytest.mark.ssh
 
-NPROC = 2
-JOB_VARIABLE = "TEST_JOB_ID"
-"""Set through ``--env`` to the job's run id: every node and worker of that job has it."""
-STOP_DEADLINE_S = 10
-"""How long a stopped job's workers may outlive the cause on any host (teardown's grace included)."""
 FAST_EXIT_S = 8
 """A launcher answers a worker's failure or SIGINT within this (a few seconds, on a loaded 2-core machine)."""
-
-
-def job_processes(run_id: str) -> list[int]:
-    """The pids of every process on this machine (every "host") that belongs to the job ``run_id``."""
-    wanted = (f"TORCHELASTIC_RUN_ID={run_id}".encode(), f"{JOB_VARIABLE}={run_id}".encode())
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(variable in environ for variable in wanted):
-            found.append(int(entry))
-    return found
 
 
 def worker_environ(pid: int) -> dict[str, str]:
     entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     return dict(entry.decode(errors="replace").partition("=")[::2] for entry in entries if entry)
-
-
-class Job:
-    """One ``xlarun --hosts`` launcher and the run id that finds its processes."""
-
-    def __init__(self, hosts: SshHosts, out_dir: Path, *args: object, ssh_config: Path | None = None,
-                 env: dict[str, str] | None = None) -> None:
-        self.run_id = f"ssh-{secrets.token_hex(6)}"
-        self.out_dir = out_dir
-        self.process = start_xlarun("--hosts", "h1,h2", "--ssh-config", ssh_config or hosts.config,
-                                    "--nproc-per-node", NPROC, "--rdzv-id", self.run_id,
-                                    "--env", f"{JOB_VARIABLE}={self.run_id}", *args, env=env, cwd=out_dir)
-
-    def wait_for_workers(self, count: int = 2 * NPROC) -> list[int]:
-        """The pids of ``faults.py``'s ranks once all ``count`` recorded them."""
-        paths = [self.out_dir / f"{rank}.pid" for rank in range(count)]
-        started = files_exist(*paths)
-        wait_for(lambda: started() or self.process.poll() is not None, f"{count} workers on the hosts")
-        if not started():
-            run = self.finish()
-            pytest.fail(f"the launcher exited {run.returncode} before {count} workers started:\n{run.stderr}")
-        pids = [int(path.read_text()) for path in paths]
-        # What finds the job's survivors finds its workers while they run.
-        assert set(pids) <= set(job_processes(self.run_id)), self.describe(job_processes(self.run_id))
-        return pids
-
-    def finish(self) -> Run:
-        return finish(self.process)
-
-    def assert_gone_within(self, seconds: float, what: str) -> None:
-        """No process of the job alive on any host within ``seconds``."""
-        deadline = time.monotonic() + seconds
-        while job_processes(self.run_id):
-            if time.monotonic() > deadline:
-                pytest.fail(f"{what}: still alive {seconds} s later: {self.describe(job_processes(self.run_id))}")
-            time.sleep(0.1)
-
-    @staticmethod
-    def describe(pids: list[int]) -> str:
-        described = []
-        for pid in pids:
-            try:
-                words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            described.append(f"{pid} {b' '.join(words).decode(errors='replace')}")
-        return "; ".join(described)
-
-    def cleanup(self) -> None:
-        if self.process.poll() is None:
-            self.process.kill()  # SIGKILL ends a stopped process too
-            self.process.communicate()
-        kill_all(job_processes(self.run_id))
 
 
 @pytest.fixture
@@ -124,22 +51,10 @@ def start(ssh_hosts: SshHosts, jobs: list[Job], out_dir: Path) -> Callable[..., 
     """Start a job on h1 and h2 (``Job``'s arguments; its workers write to ``out``, ``out_dir`` unless given)."""
     def start_job(*args: object, out: Path = out_dir, ssh_config: Path | None = None,
                   env: dict[str, str] | None = None) -> Job:
-        job = Job(ssh_hosts, out, *args, ssh_config=ssh_config, env=env)
+        job = Job(["--hosts", "h1,h2", "--ssh-config", ssh_config or ssh_hosts.config], out, *args, env=env)
         jobs.append(job)
         return job
     return start_job
-
-
-def sleepers(out_dir: Path, *actions: str) -> list[object]:
-    """``faults.py`` writing its pids to ``out_dir``, with one action per rank (``sleep``: until stopped)."""
-    return [worker("faults.py"), out_dir, *actions]
-
-
-def one_line(text: str, *words: str) -> str:
-    """The one line of ``text`` that holds every word; fails unless exactly one does."""
-    lines = [line for line in text.splitlines() if all(word in line for word in words)]
-    assert len(lines) == 1, f"expected one line with {words}, got {lines}:\n{text}"
-    return lines[0]
 
 
 def test_two_hosts_all_reduce_as_one_job(start: Callable[..., Job], out_dir: Path, tmp_path: Path) -> None:
@@ -188,7 +103,7 @@ def test_sigint_stops_every_host_and_exits_130(start: Callable[..., Job], out_di
     job.process.send_signal(signal.SIGINT)
     run = job.finish()
     assert run.returncode == 130, run.stderr
-    assert not job_processes(job.run_id), job.describe(job_processes(job.run_id))
+    assert not job_processes(job.run_id), describe(job_processes(job.run_id))
 
 
 def test_a_killed_launcher_leaves_no_worker_on_any_host(start: Callable[..., Job], out_dir: Path) -> None:
