@@ -7,8 +7,10 @@
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,6 +71,17 @@ def one_line(text: str, *words: str) -> str:
     lines = [line for line in text.splitlines() if all(word in line for word in words)]
     assert len(lines) == 1, f"expected one line with {words}, got {lines}:\n{text}"
     return lines[0]
+
+
+def assert_worker_lines_carry_host_and_rank(run: Run, host_of: Callable[[int], str]) -> None:
+    """``chatter.py 3``'s lines: every worker's 3 lines on each stream arrive whole, on their own
+    stream, behind their host (``host_of(rank)``) and rank."""
+    for name, text in (("out", run.stdout), ("err", run.stderr)):
+        lines = [line for line in text.splitlines() if re.search(rf"\br\d {name} \d", line)]
+        assert len(lines) == WORKERS * 3, text
+        for line in lines:
+            rank = int(re.search(r"\br(\d) ", line).group(1))  # type: ignore[union-attr]
+            assert re.fullmatch(rf"{re.escape(host_of(rank))}:{rank}: r{rank} {name} \d x*", line), line
 
 
 class Job:

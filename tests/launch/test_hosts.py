@@ -9,7 +9,6 @@ Every process of a job is found by its run id in ``/proc/<pid>/environ``, never 
 from __future__ import annotations
 
 import json
-import re
 import secrets
 import signal
 from collections.abc import Callable, Iterator
@@ -18,7 +17,15 @@ from pathlib import Path
 import psutil
 import pytest
 from helpers import run_xlarun, worker
-from hosts import NPROC, STOP_DEADLINE_S, Job, job_processes, one_line, sleepers
+from hosts import (
+    NPROC,
+    STOP_DEADLINE_S,
+    Job,
+    assert_worker_lines_carry_host_and_rank,
+    job_processes,
+    one_line,
+    sleepers,
+)
 
 HOSTS = ("127.0.0.2", "127.0.0.3")
 LOCAL_RSH = "env -i PATH=/usr/bin:/bin sh -c {command}"
@@ -65,13 +72,7 @@ def test_two_hosts_all_reduce_as_one_job(start: Callable[..., Job], out_dir: Pat
 def test_stdout_stays_stdout_and_stderr_stderr(start: Callable[..., Job]) -> None:
     run = start(worker("chatter.py"), 3).finish()
     assert run.returncode == 0, run.stderr
-    for stream, text in (("out", run.stdout), ("err", run.stderr)):
-        lines = [line for line in text.splitlines() if re.search(r"\br\d (out|err) \d", line)]
-        assert len(lines) == 4 * 3, text
-        for line in lines:
-            rank = int(re.search(r"\br(\d) ", line).group(1))  # type: ignore[union-attr]
-            assert line.startswith(f"{HOSTS[rank // NPROC]}:{rank}"), line
-            assert f" {stream} " in line, line
+    assert_worker_lines_carry_host_and_rank(run, lambda rank: HOSTS[rank // NPROC])
 
 
 def test_a_failing_rank_stops_every_host_with_its_exit_code(start: Callable[..., Job], out_dir: Path) -> None:

@@ -23,7 +23,16 @@ from pathlib import Path
 
 import pytest
 from helpers import worker
-from hosts import NPROC, STOP_DEADLINE_S, Job, describe, job_processes, one_line, sleepers
+from hosts import (
+    NPROC,
+    STOP_DEADLINE_S,
+    Job,
+    assert_worker_lines_carry_host_and_rank,
+    describe,
+    job_processes,
+    one_line,
+    sleepers,
+)
 from sshd import HOSTS, SshHosts
 
 pytestmark = pytest.mark.ssh
@@ -75,14 +84,7 @@ def test_two_hosts_all_reduce_as_one_job(start: Callable[..., Job], out_dir: Pat
 def test_every_worker_line_names_its_host_and_rank(start: Callable[..., Job]) -> None:
     run = start(worker("chatter.py"), 3).finish()
     assert run.returncode == 0, run.stderr
-    for name, text in (("out", run.stdout), ("err", run.stderr)):
-        worker_lines = [line for line in text.splitlines() if re.search(rf"\br\d {name} \d", line)]
-        assert len(worker_lines) == 4 * 3, text
-        for line in worker_lines:
-            rank = int(re.search(r"\br(\d) ", line).group(1))  # type: ignore[union-attr]
-            host = "h1" if rank < NPROC else "h2"
-            assert re.fullmatch(rf"{host}:{rank}: r{rank} {name} \d x*", line), line
-    assert all(re.match(r"h[12]:\d: ", line) for line in run.stdout.splitlines()), run.stdout
+    assert_worker_lines_carry_host_and_rank(run, lambda rank: "h1" if rank < NPROC else "h2")
 
 
 def test_a_failing_rank_stops_every_host_with_its_exit_code(start: Callable[..., Job], out_dir: Path) -> None:
