@@ -189,7 +189,7 @@ def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
 
         refused = []
         for options in ({"nproc_per_node": "x"}, {"nproc_pre_node": 2}, {"standalone": "yes"},
-                        {"hosts": ["127.0.0.2", "127.0.0.3"]}):
+                        {"hosts": ["127.0.0.2", "127.0.0.2"]}):
             try:
                 xlarun.launch(lambda: 0, device="cpu", **options)
             except ValueError as error:
@@ -216,10 +216,48 @@ def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
     assert got[0].startswith("--nproc-per-node='x' is invalid")
     assert got[1].startswith("unknown option nproc_pre_node=")
     assert got[2].startswith("--standalone is a switch")
-    assert got[3].startswith("launch() runs the workers of this host; a job on several hosts is the command's")
+    assert got[3].startswith("--hosts='127.0.0.2,127.0.0.2' is invalid") and "names 127.0.0.2 twice" in got[3]
     assert got[4].startswith("xlarun.launch() called inside a worker (LOCAL_RANK is set)")
     assert got[5].startswith("xlarun.launch() runs in the main thread only")
     assert all("\n" not in line for line in got)
+
+
+def test_a_job_on_several_hosts_returns_every_ranks_value_and_a_failure_names_its_host_and_rank(
+        tmp_path: Path) -> None:
+    """Each host's agent starts on this machine through ``env -i ... sh -c`` (no PYTHONPATH: the installed
+    xlarun runs there); the payload and the values travel through the working directory the hosts share."""
+    got = run_caller(tmp_path, """
+        hosts = {"hosts": ["127.0.0.2", "127.0.0.3"], "rsh": "env -i PATH=/usr/bin:/bin sh -c {command}",
+                 "nproc_per_node": 2, "device": "cpu", "remote_python": sys.executable}
+
+        def fail_on_rank_three():
+            if os.environ["RANK"] == "3":
+                raise ValueError("rank three says no")
+            return int(os.environ["RANK"])
+
+        result = xlarun.launch(lambda: int(os.environ["RANK"]), **hosts)
+        try:
+            xlarun.launch(fail_on_rank_three, **hosts)
+            failed = None
+        except xlarun.WorkerFailed as error:
+            failed = {"rank": error.root_cause.rank, "host": error.root_cause.host, "message": str(error),
+                      "cause": repr(error.__cause__), "traceback": "rank three says no" in error.root_cause.traceback,
+                      "summary": [error.summary["result"], error.summary["root_cause"]]}
+        print(json.dumps({"values": result.values, "exit_code": result.exit_code,
+                          "summary": [result.summary["result"], [host["host"] for host in result.summary["hosts"]]],
+                          "failed": failed, "left": sorted(os.listdir("."))}))
+    """)
+    assert got["values"] == [0, 1, 2, 3]
+    assert got["exit_code"] == 0
+    assert got["summary"] == ["succeeded", ["127.0.0.2", "127.0.0.3"]]
+    failed = got["failed"]
+    assert failed is not None
+    assert (failed["rank"], failed["host"]) == (3, "127.0.0.3")
+    assert failed["message"].startswith("rank 3 on 127.0.0.3 exited with code 1")
+    assert failed["cause"] == "ValueError('rank three says no')"
+    assert failed["traceback"]
+    assert failed["summary"] == ["failed", {"host": "127.0.0.3", "node_rank": 1, "rank": 3}]
+    assert got["left"] == ["caller.py"]  # the shared private directory is gone
 
 
 def start_sleepers(tmp_path: Path, options: str = "",

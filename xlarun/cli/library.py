@@ -12,11 +12,15 @@ Usage::
 One engine: the keyword arguments are the command line's options in Python spelling, read by the
 same option table (a refusal is a :class:`ValueError` with the command's line), and the run is
 :func:`xlarun.cli.launch.run_launch`'s: the same planning, preflight, supervision, orphan guard
-(with the caller as the launcher), report and summary.
+(with the caller as the launcher), report and summary. With ``hosts=[...]`` (or ``hostfile=``,
+``tpu_pod=``) the run is the command's fan-out (:func:`xlarun.cli.hosts.launch_hosts`, docs/hosts.md),
+and the summary is the fan-out's; a :class:`WorkerFailed` names the failing rank's host as the
+fan-out reached it.
 
 Workers are fresh interpreters, never forks of the caller: ``python -m xlarun.worker.call PAYLOAD``
 (:mod:`xlarun.worker.call`). The payload, a file in the launch's private directory (mode 0700,
-removed afterwards), carries the function and its arguments: by reference where the function can
+removed afterwards; for a job on several hosts, one under the job's working directory, ``remote_cwd``
+or else the caller's, which the hosts share: xlarun copies no files), carries the function and its arguments: by reference where the function can
 be imported by name, else by value with cloudpickle (the ``notebook`` extra): a lambda, a closure,
 a function defined in ``__main__`` or a notebook cell.
 
@@ -42,19 +46,18 @@ import signal
 import sys
 import tempfile
 import threading
-from collections.abc import Callable, Mapping, Sequence
-from contextlib import ExitStack
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 from xlarun.cli.launch import prepare_launch, run_launch
-from xlarun.cli.options import OPTIONS_BY_DEST, read_options
+from xlarun.cli.options import OPTIONS_BY_DEST, OptionValues, read_options
 from xlarun.cli.rules import check_hosts
 from xlarun.console import flush_consoles
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord
-from xlarun.flags import flag
 from xlarun.supervision.end import RootCause, RunEnd
 from xlarun.worker.call import exception_file, result_file
 
@@ -119,6 +122,7 @@ def launch(target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], 
 def launch_target(target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], args: tuple[Any, ...],
                   given: dict[str, str], reraise: bool) -> LaunchResult:
     directory = tempfile.mkdtemp(prefix="xlarun-launch-")
+    directories = [directory]
     try:
         given.setdefault("summary_file", os.path.join(directory, "summary.json"))
         payload: str | None = None
@@ -129,21 +133,32 @@ def launch_target(target: Callable[..., Any] | str | os.PathLike[str] | Sequence
             for name in SCRIPT_ONLY_OPTIONS:
                 if given.pop(name, "0") != "0":
                     raise UsageError(f"{name}= says how a script runs; {target!r} is a function")
-            payload = os.path.join(directory, "call")
-            write_payload(payload, target, args)
             given["module"] = "1"
-            script, script_args = WORKER_MODULE, (payload,)  # the path only: the call itself is in the file
         else:
             script, script_args = script_of(target, args, given)
-        end = run(given, script, script_args)
+        environ = dict(os.environ)
+        with engine_errors():
+            values = read_options(given, environ)
+            on_hosts = check_hosts(values)
+        if callable(target):
+            if on_hosts:  # the workers' files live where every host finds them: the job's working directory
+                directories.append(tempfile.mkdtemp(prefix=".xlarun-launch-", dir=values["remote_cwd"] or os.getcwd()))
+            payload = os.path.join(directories[-1], "call")
+            write_payload(payload, target, args)
+            script, script_args = WORKER_MODULE, (payload,)  # the path only: the call itself is in the file
+        if on_hosts:
+            return hosts_result(run_hosts(values, given, script, script_args, environ),
+                                read_summary(given["summary_file"]), payload, reraise)
+        end = run(values, script, script_args, environ)
         summary = read_summary(given["summary_file"])
         if end.launcher_signal is not None:
             raise_signal_again(end.launcher_signal)
         if end.exit_code != 0:
             raise failure(end, summary, payload, reraise)
-        return LaunchResult(values=values_of(summary, payload), exit_code=end.exit_code, summary=summary)
+        return LaunchResult(values=values_of([summary], payload), exit_code=end.exit_code, summary=summary)
     finally:
-        shutil.rmtree(directory, ignore_errors=True)
+        for made in directories:
+            shutil.rmtree(made, ignore_errors=True)
 
 
 def is_descriptor(stream: Any, fd: int) -> bool:
@@ -297,23 +312,61 @@ def importable_by_name(function: Callable[..., Any]) -> bool:
     return found is function
 
 
-def run(given: Mapping[str, str], script: str, script_args: tuple[str, ...]) -> RunEnd:
-    """The command's engine, its refusals as exceptions: :class:`ValueError` for bad input,
-    :class:`RuntimeError` for a launcher that cannot go on."""
-    environ = dict(os.environ)
+@contextmanager
+def engine_errors() -> Iterator[None]:
+    """The command's refusals as exceptions: :class:`ValueError` for bad input, :class:`RuntimeError`
+    for a launcher that cannot go on; the lines printed meanwhile are out before the caller goes on."""
     try:
-        values = read_options(given, environ)
-        if check_hosts(values):
-            raise UsageError(f"launch() runs the workers of this host; a job on several hosts is the command's: "
-                             f"xlarun {flag('hosts')} ... (or {flag('hostfile')}, {flag('tpu_pod')})")
-        prepared = prepare_launch(values, script, script_args, environ)
-        return run_launch(prepared, environ)
+        yield
     except UsageError as error:
         raise ValueError(str(error)) from None
     except LaunchError as error:
         raise RuntimeError(str(error)) from error.__cause__
     finally:
-        flush_consoles()  # the workers' and the launcher's lines are out before the caller goes on
+        flush_consoles()
+
+
+def run(values: OptionValues, script: str, script_args: tuple[str, ...], environ: Mapping[str, str]) -> RunEnd:
+    """The command's engine on this host's workers."""
+    with engine_errors():
+        return run_launch(prepare_launch(values, script, script_args, environ), environ)
+
+
+def run_hosts(values: OptionValues, given: Mapping[str, str], script: str, script_args: tuple[str, ...],
+              environ: Mapping[str, str]) -> int:
+    """The command's fan-out over the hosts (docs/hosts.md); its exit code."""
+    from xlarun.cli.hosts import launch_hosts
+
+    with engine_errors():
+        return launch_hosts(values, given, script, script_args, environ)
+
+
+def hosts_result(exit_code: int, summary: dict[str, Any], payload: str | None, reraise: bool) -> LaunchResult:
+    """A job on several hosts as :func:`launch` returns or raises it, from the fan-out's summary."""
+    if summary.get("result") == "signaled":
+        raise_signal_again(exit_code - 128)
+    node_summaries = [host.get("summary") or {} for host in summary.get("hosts", [])]
+    if exit_code == 0:
+        return LaunchResult(values=values_of(node_summaries, payload), exit_code=exit_code, summary=summary)
+    root = summary.get("root_cause") or {}
+    record = next((failure_record(node.get("root_cause"), root["host"]) for host, node
+                   in zip(summary.get("hosts", []), node_summaries, strict=True)
+                   if root and host.get("node_rank") == root["node_rank"]), None)
+    message = describe_failure(record) if record is not None else (
+        f"the run {summary.get('result', 'failed')} (exit code {exit_code})")
+    cause = pickled_exception(payload, record)
+    if reraise and isinstance(cause, BaseException):
+        raise cause
+    error = WorkerFailed(message, record, [] if record is None else [record], exit_code, summary)
+    raise error from cause if isinstance(cause, BaseException) else None
+
+
+def failure_record(cause: Any, host: str) -> FailureRecord | None:
+    """A node summary's ``root_cause`` as a record, on the host the fan-out reached (not the node's own name)."""
+    if not isinstance(cause, dict) or "rank" not in cause:
+        return None
+    names = {field.name for field in fields(FailureRecord)}
+    return replace(FailureRecord(**{name: value for name, value in cause.items() if name in names}), host=host)
 
 
 def read_summary(path: str) -> dict[str, Any]:
@@ -334,10 +387,10 @@ def raise_signal_again(number: int) -> None:
     raise RuntimeError(f"the launch was stopped by {signal.Signals(number).name}")
 
 
-def values_of(summary: Mapping[str, Any], payload: str | None) -> list[Any]:
-    """This node's ranks' return values, in rank order (``None`` for each rank of a script)."""
-    attempts = summary.get("attempts") or [{}]
-    ranks = sorted(worker["rank"] for worker in attempts[-1].get("workers", []))
+def values_of(summaries: Sequence[Mapping[str, Any]], payload: str | None) -> list[Any]:
+    """The ranks' return values, in rank order (``None`` for each rank of a script), from the nodes' summaries."""
+    ranks = sorted(worker["rank"] for summary in summaries
+                   for worker in ((summary.get("attempts") or [{}])[-1].get("workers", [])))
     if payload is None:
         return [None] * len(ranks)
     values = []
@@ -347,16 +400,21 @@ def values_of(summary: Mapping[str, Any], payload: str | None) -> list[Any]:
     return values
 
 
+def pickled_exception(payload: str | None, record: FailureRecord | None) -> Any:
+    """The exception the failing rank left, where it left one that unpickles here."""
+    if payload is None or record is None:
+        return None
+    try:
+        with open(exception_file(payload, record.rank), "rb") as handle:
+            return pickle.load(handle)
+    except Exception:  # noqa: BLE001 - none left (a signal, an exit), or one that does not unpickle here
+        return None
+
+
 def failure(end: RunEnd, summary: dict[str, Any], payload: str | None, reraise: bool) -> BaseException:
     """The :class:`WorkerFailed` for a run that failed; with ``reraise``, the root cause's own exception."""
     failures = [] if end.failure is None else [end.failure, *end.other_failures]
-    cause = None
-    if payload is not None and end.failure is not None:
-        try:
-            with open(exception_file(payload, end.failure.rank), "rb") as handle:
-                cause = pickle.load(handle)
-        except Exception:  # noqa: BLE001 - none left (a signal, an exit), or one that does not unpickle here
-            cause = None
+    cause = pickled_exception(payload, end.failure)
     if reraise and isinstance(cause, BaseException):
         return cause
     error = WorkerFailed(describe_end(end), end.root_cause, failures, end.exit_code, summary)
@@ -366,9 +424,12 @@ def failure(end: RunEnd, summary: dict[str, Any], payload: str | None, reraise: 
 
 def describe_end(end: RunEnd) -> str:
     """One line: what failed, as the report's heading says it."""
-    record = end.failure
-    if record is not None:
-        how = f"was killed by {record.signal}" if record.signal else f"exited with code {record.returncode}"
-        first = record.traceback.strip().splitlines()[-1:] if record.traceback else []
-        return f"rank {record.rank} on {record.host} {how}" + (f": {first[0]}" if first else "")
+    if end.failure is not None:
+        return describe_failure(end.failure)
     return end.error or f"the run {end.result} (exit code {end.exit_code})"
+
+
+def describe_failure(record: FailureRecord) -> str:
+    how = f"was killed by {record.signal}" if record.signal else f"exited with code {record.returncode}"
+    first = record.traceback.strip().splitlines()[-1:] if record.traceback else []
+    return f"rank {record.rank} on {record.host} {how}" + (f": {first[0]}" if first else "")
