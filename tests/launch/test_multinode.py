@@ -401,6 +401,22 @@ def test_stray_agent_is_refused_and_the_job_goes_on(nodes: Nodes, out_dir: Path,
     assert_all_reduced(nodes.records(), 2)
 
 
+def test_a_node_that_plans_another_node_count_is_refused_as_a_usage_error(nodes: Nodes, out_dir: Path,
+                                                                         port: int) -> None:
+    node0 = nodes.start(*static(port, 0, 2, 1), ALLREDUCE, out_dir)
+    misplanned = run_xlarun(*static(port, 1, 3, 1), ALLREDUCE, out_dir)
+    node1 = nodes.start(*static(port, 1, 2, 1), ALLREDUCE, out_dir)
+    runs = nodes.finish_all([node0, node1])
+
+    assert misplanned.returncode == 2, misplanned.stderr
+    assert lines(misplanned) == ["xlarun: error: node 1 plans 3 nodes but node 0 plans 2: give every node the "
+                                 "same --nnodes"]
+    assert [run.returncode for run in runs] == [0, 0], both(runs)
+    assert len([line for line in lines(runs[0]) if line.startswith("xlarun: refused an agent: ")
+                and line.endswith("node 1 plans 3 nodes but node 0 plans 2: give every node the same --nnodes")]) == 1
+    assert_all_reduced(nodes.records(), 2)
+
+
 def test_second_agent_with_a_taken_node_rank_is_refused_and_the_job_goes_on(nodes: Nodes, out_dir: Path,
                                                                              port: int) -> None:
     node0 = nodes.start(*static(port, 0, 3, 1), ALLREDUCE, out_dir)

@@ -67,7 +67,7 @@ def test_garbage_in_the_store_leaves_a_lost_node_noticed_within_the_heartbeat_ti
     assert lines(run)[-1] == (f"xlarun: node 1 ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
                               "(its launcher is gone, or its host stopped or was cut off)"), run.stderr
     # The stray's words are shown, escaped: nothing reaches the terminal raw.
-    assert r"xlarun: refused an agent of another job: \xff\xfe\x1b]0;owned\x07\x1b[2J" in lines(run), run.stderr
+    assert r"xlarun: refused an agent: \xff\xfe\x1b]0;owned\x07\x1b[2J" in lines(run), run.stderr
     assert "\x1b" not in run.stderr and "\x07" not in run.stderr
 
 

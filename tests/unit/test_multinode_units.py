@@ -12,11 +12,22 @@ import time
 import pytest
 
 from xlarun.console import StatusLine
+from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord
 from xlarun.rendezvous import AttemptEnd, LostNode, NodeStacks
-from xlarun.rendezvous.joining import Member, Roster, Seat, membership_change, read_roster, seat_attempt, take_seat
+from xlarun.rendezvous.joining import (
+    Member,
+    NodePlan,
+    Roster,
+    Seat,
+    check_job,
+    membership_change,
+    read_roster,
+    seat_attempt,
+    take_seat,
+)
 from xlarun.rendezvous.node import failure_record
-from xlarun.rendezvous.store import JobKeys
+from xlarun.rendezvous.store import JobKeys, token_digest
 from xlarun.rendezvous.watching import Heartbeat, Monitor, News, Watchdog, announce
 
 KEYS = JobKeys("job")
@@ -226,7 +237,7 @@ def test_a_value_xlarun_did_not_write_is_named_and_the_watch_goes_on(capfd: pyte
         monitor.stop()
 
     assert News.decode(store.get(KEYS.attempt(0, "end"))).kind == "lost"
-    assert "xlarun: refused an agent of another job: \\xff\\x1b[2J\n" in capfd.readouterr().err
+    assert "xlarun: refused an agent: \\xff\\x1b[2J\n" in capfd.readouterr().err
 
 
 def test_time_the_store_took_to_answer_is_nobodys_silence() -> None:
@@ -328,3 +339,52 @@ def test_a_failure_record_xlarun_did_not_write_is_none(change: dict[str, object]
                                                                         time=1.0, host=r"b\x1b[2J")
     assert failure_record(json.dumps({**record, **change}).encode()) is None
     assert failure_record(b"\xff{") is None
+
+
+def join_job(store: MemoryStore, serving: bool, plan: NodePlan, token: str = "", node: int = 0) -> int:
+    return check_job(store, serving, "job", token, plan, (f"node {node}", "node 0"), "h:1",
+                     time.monotonic() + 5, StatusLine())
+
+
+def test_a_node_that_plans_other_slices_than_the_store_host_is_refused_as_a_usage_error() -> None:
+    store = MemoryStore()
+    join_job(store, True, NodePlan(4, 4, slices=2))
+
+    assert join_job(store, False, NodePlan(4, 4, slices=2), node=1) == 0
+    with pytest.raises(UsageError) as refused:
+        join_job(store, False, NodePlan(6, 6, slices=3), node=2)
+
+    line = ("node 2 plans 6 nodes (3 slices x 2 hosts) but node 0 plans 4 (2 slices x 2 hosts): "
+            "every slice must have the same hosts")
+    assert str(refused.value) == line
+    # The store's host hears of it as of any refused agent.
+    assert store.data[JobKeys.REFUSED] == b"1"
+    assert store.data[JobKeys.REFUSED_LAST].decode().endswith(line)
+
+
+def test_a_node_that_plans_another_node_count_is_told_to_give_every_node_the_same() -> None:
+    store = MemoryStore()
+    join_job(store, True, NodePlan(2, 2))
+
+    with pytest.raises(UsageError, match=r"^node 1 plans 3 nodes but node 0 plans 2: give every node the "
+                                         r"same --nnodes$"):
+        join_job(store, False, NodePlan(3, 3), node=1)
+
+
+def test_a_token_mismatch_stays_a_launcher_refusal_whatever_the_plan() -> None:
+    store = MemoryStore()
+    join_job(store, True, NodePlan(2, 2), token="a")
+
+    with pytest.raises(LaunchError, match="token does not match"):
+        join_job(store, False, NodePlan(3, 3), token="b", node=1)
+
+
+@pytest.mark.parametrize("plan", [None, "4", [4, 4], [0, 4, 1], [4, 2, 1], [1, 2**40, 1], [1, True, 1],
+                                  [1.0, 2, 1]])
+def test_a_plan_xlarun_did_not_write_is_named_so(plan: object) -> None:
+    store = MemoryStore()
+    store.set(JobKeys.JOB, json.dumps({"run_id": "job", "token": token_digest(""), "plan": plan}))
+
+    assert NodePlan.read(plan) is None
+    with pytest.raises(UsageError, match="node 0 plans the job in a record xlarun did not write"):
+        join_job(store, False, NodePlan(2, 2), node=1)

@@ -261,7 +261,9 @@ def choose_rendezvous(config: LaunchConfig, device: DevicePlan, environ: Mapping
         how = "several nodes meet" if config.max_nodes > 1 else f"{flag('rdzv_backend')}=c10d meets"
         raise UsageError(f"{how} through torch.distributed, which is not installed in this Python: "
                          "pip install 'xlarun[multinode]' (or torch)")
-    return multi_node_rendezvous(config, environ, node_hosts=device.plans_slice_addresses, place=device.slice_worker)
+    joined = device.xla.megascale if device.xla is not None else None
+    return multi_node_rendezvous(config, environ, node_hosts=device.plans_slice_addresses, place=device.slice_worker,
+                                 slices=joined.slices if joined is not None else 1)
 
 
 def refuse_busy_device(device: str, environ: Mapping[str, str]) -> None:

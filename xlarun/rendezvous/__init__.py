@@ -234,14 +234,15 @@ class FixedRendezvous:
 
 
 def multi_node_rendezvous(config: LaunchConfig, environ: Mapping[str, str], connector: Connector | None = None,
-                          *, node_hosts: bool = False, place: int | None = None) -> Rendezvous:
+                          *, node_hosts: bool = False, place: int | None = None, slices: int = 1) -> Rendezvous:
     """The rendezvous of one node of a multi-node job, seated by ``config``'s backend.
 
     Nothing is contacted until the first :meth:`~Rendezvous.assign`. ``connector`` opens each
     connection to the store (a TCPStore client unless given; the pod-scale benchmark passes
     one that counts requests). With ``node_hosts`` each assignment lists every node's address in
     node-rank order (:attr:`~xlarun.ranks.NodeAssignment.hosts`); ``place`` is this node's worker
-    number in its TPU slice, by which the nodes are ranked where every one has one.
+    number in its TPU slice, by which the nodes are ranked where every one has one; ``slices`` the
+    TPU slices of a multislice job, which every node must plan alike (or it is refused on joining).
     """
     # c10d logs every store hiccup at error level, with a C++ stack; the launcher reports such
     # events in one line. Only this process: workers get the environment the launcher started with.
@@ -264,5 +265,6 @@ def multi_node_rendezvous(config: LaunchConfig, environ: Mapping[str, str], conn
     keys, status = JobKeys(config.rdzv_id), StatusLine()
     seating: Seating = (StaticSeating(config, keys, status) if config.rdzv_backend == "static"
                         else C10dSeating(config, keys, status, connector))
-    return NodeRendezvous(config, environ, seating, keys, status, connector, node_hosts=node_hosts, place=place)
+    return NodeRendezvous(config, environ, seating, keys, status, connector, node_hosts=node_hosts, place=place,
+                          slices=slices)
 

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from xlarun.console import StatusLine
-from xlarun.exceptions import LaunchError
+from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
 from xlarun.rendezvous.store import Client, JobKeys, StoreRole, Timeouts, token_digest, wait_for_key
 
@@ -218,13 +218,49 @@ def missing(board: Client, prefix: str, nnodes: int, waited: float, status: Stat
                        f"missing node ranks: {', '.join(map(str, absent))}")
 
 
-def check_job(client: Client, serving: bool, run_id: str, token: str, where: str, deadline: float,
-              status: StatusLine) -> int:
-    """Refuse to mix with an agent of another job (run id) or one without the job's token.
+@dataclass(frozen=True)
+class NodePlan:
+    """The job a node plans: its node count (``min_nodes:max_nodes`` where elastic) and, for a
+    multislice job, its TPU slices. Every node of a job plans the same one, or the nodes would wait
+    out the join timeout for nodes that never come."""
+
+    min_nodes: int
+    max_nodes: int
+    slices: int = 1
+
+    # A record another process wrote is read only within these (a node count of torchrun's range).
+    LIMIT = 1 << 20
+
+    def describe(self) -> str:
+        """E.g. ``6 nodes (3 slices x 2 hosts)``, ``2:4 nodes``."""
+        nodes = f"{self.max_nodes}" if self.min_nodes == self.max_nodes else f"{self.min_nodes}:{self.max_nodes}"
+        if self.slices == 1:
+            return f"{nodes} nodes"
+        hosts = f" x {self.max_nodes // self.slices} hosts" if self.max_nodes % self.slices == 0 else ""
+        return f"{nodes} nodes ({self.slices} slices{hosts})"
+
+    def encode(self) -> list[int]:
+        return [self.min_nodes, self.max_nodes, self.slices]
+
+    @classmethod
+    def read(cls, value: object) -> NodePlan | None:
+        """The plan in a job record, None where it is not one xlarun wrote (anyone may write the store)."""
+        if (not isinstance(value, list) or len(value) != 3
+                or not all(type(n) is int and 1 <= n <= cls.LIMIT for n in value)):
+            return None
+        plan = cls(*value)
+        return plan if plan.min_nodes <= plan.max_nodes else None
+
+
+def check_job(client: Client, serving: bool, run_id: str, token: str, plan: NodePlan, names: tuple[str, str],
+              where: str, deadline: float, status: StatusLine) -> int:
+    """Refuse to mix with an agent of another job (run id), one without the job's token, or one that
+    plans the job otherwise than the store's host (a usage error: the nodes were given different
+    counts). ``names`` words this node and the store's host, e.g. ``("node 2", "node 0")``.
 
     Returns how many agents were refused before this one came (not news to it).
     """
-    mine = json.dumps({"run_id": run_id, "token": token_digest(token)}, sort_keys=True)
+    mine = json.dumps({"run_id": run_id, "token": token_digest(token), "plan": plan.encode()}, sort_keys=True)
     if serving:
         # Only the agent serving the store names its job, so a stray agent that reaches the
         # store first cannot claim it.
@@ -240,16 +276,35 @@ def check_job(client: Client, serving: bool, run_id: str, token: str, where: str
         return int(client.add(JobKeys.REFUSED, 0))
     try:
         theirs = json.loads(found)
-    except ValueError:
+    except (ValueError, RecursionError):
         theirs = {}
+    if not isinstance(theirs, dict):
+        theirs = {}
+    same_job = theirs.get("run_id") == run_id and theirs.get("token") == token_digest(token)
     if theirs.get("run_id") != run_id:
         reason = f"the store at {where} serves run id {theirs.get('run_id')!r}, not {run_id!r}"
-    else:
+    elif not same_job:
         reason = f"this node's rendezvous token does not match the job's at {where}"
+    else:
+        reason = plan_mismatch(plan, NodePlan.read(theirs.get("plan")), names)
     client.set(JobKeys.REFUSED_LAST, f"{socket.gethostname()} (pid {os.getpid()}): {reason}")
     client.add(JobKeys.REFUSED, 1)
+    if same_job:
+        raise UsageError(reason)
     raise LaunchError(f"refused: {reason} (check {flag('rdzv_id')} and {flag('rdzv_conf')} token "
                       "/ XLARUN_RDZV_TOKEN)")
+
+
+def plan_mismatch(mine: NodePlan, theirs: NodePlan | None, names: tuple[str, str]) -> str:
+    """Why two nodes' plans of one job disagree, e.g. ``node 2 plans 6 nodes (3 slices x 2 hosts) but
+    node 0 plans 4 (2 slices x 2 hosts): every slice must have the same hosts``."""
+    me, host = names
+    if theirs is None:
+        return f"{host} plans the job in a record xlarun did not write"
+    theirs_text = theirs.describe().replace(" nodes", "", 1)
+    fix = ("every slice must have the same hosts" if mine.slices > 1 or theirs.slices > 1
+           else f"give every node the same {flag('nnodes')}")
+    return f"{me} plans {mine.describe()} but {host} plans {theirs_text}: {fix}"
 
 
 def claim_node_rank(client: Client, keys: JobKeys, rank: int, agent: int, patience: float, interval: float,

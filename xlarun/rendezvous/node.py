@@ -40,6 +40,7 @@ from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import AttemptEnd, NodeStacks, StopRequest, shown
 from xlarun.rendezvous.joining import (
     Member,
+    NodePlan,
     Roster,
     Seat,
     Seating,
@@ -84,12 +85,16 @@ class NodeRendezvous:
     backend (which shares ``keys`` and ``status``); ``connector`` opens each connection to the store.
     With ``node_hosts`` every assignment lists the nodes' addresses (the attempt's roster: one
     read per attempt); ``place`` is where this node belongs in the job's order, if its host says
-    (:attr:`~xlarun.rendezvous.joining.Member.place`).
+    (:attr:`~xlarun.rendezvous.joining.Member.place`); ``slices`` the TPU slices MegaScale joins into
+    the job, which every node must plan alike with its node count
+    (:class:`~xlarun.rendezvous.joining.NodePlan`).
     """
 
     def __init__(self, config: LaunchConfig, environ: Mapping[str, str], seating: Seating, keys: JobKeys,
-                 status: StatusLine, connector: Connector, node_hosts: bool = False, place: int | None = None):
+                 status: StatusLine, connector: Connector, node_hosts: bool = False, place: int | None = None,
+                 slices: int = 1):
         self._config = config
+        self._slices = slices
         self._node_hosts = node_hosts
         self._place = place
         self._seating = seating
@@ -179,8 +184,12 @@ class NodeRendezvous:
         store, self._serving = open_job_store(self._connector, host, port, self._seating.store_role(host),
                                               self._timeouts, self._status)
         self._store, self._store_host, self._store_port = store, host, port
-        refusals_seen = check_job(store, self._serving, self._keys.run_id, self._token, f"{host}:{port}",
-                                  deadline, self._status)
+        plan = NodePlan(self._config.min_nodes, self._config.max_nodes, self._slices)
+        me = f"node {self._config.node_rank}" if self._config.rdzv_backend == "static" else "this node"
+        store_node = self._seating.store_host_node
+        names = (me, "the store's host" if store_node is None else f"node {store_node}")
+        refusals_seen = check_job(store, self._serving, self._keys.run_id, self._token, plan, names,
+                                  f"{host}:{port}", deadline, self._status)
         # Every connection is made before this agent counts as joined: a slow connect must delay
         # joining, never a heartbeat. Opened side by side: torch's client looks up a name for the
         # store's address on each connection, and a slow resolver then costs one wait, not several.

@@ -375,12 +375,13 @@ class Monitor:
                      News("admit", f"{waiting} node{'s' if waiting > 1 else ''} waiting to join"))
 
     def _report_refusals(self) -> None:
-        """The job's side of a refusal: one line per stray agent turned away (in the stray's words, escaped)."""
+        """The job's side of a refusal: one line per agent turned away (of another job, or planning it otherwise),
+        in that agent's words, escaped."""
         count = read_count(self._client, JobKeys.REFUSED)
         if count > self._refusals_seen:
             self._refusals_seen = count
             last = self._client.get(JobKeys.REFUSED_LAST) if self._client.check([JobKeys.REFUSED_LAST]) else b"?"
-            self._status.say(f"refused an agent of another job: {shown(last)}")
+            self._status.say(f"refused an agent: {shown(last)}")
 
     def gone_from(self, attempt: int) -> int:
         """How many of ``attempt``'s nodes were declared lost (they will never say they left)."""
