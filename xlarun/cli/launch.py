@@ -186,7 +186,10 @@ def open_events(prepared: PreparedLaunch, environ: Mapping[str, str]) -> EventBu
     if not sinks:
         return NO_EVENTS
     config = prepared.config
-    bus = EventBus(sinks, run_id=config.rdzv_id, node_rank=config.node_rank if config.rdzv_backend == "static" else None,
+    # The node rank is known before the rendezvous where it is given (static) or there is one node only;
+    # c10d across nodes decides it at the rendezvous, which names it to the bus then.
+    known = config.rdzv_backend == "static" or config.max_nodes == 1
+    bus = EventBus(sinks, run_id=config.rdzv_id, node_rank=config.node_rank if known else None,
                    trace_id=trace_id_of(environ))
     bus.emit("launch.started", 0, nnodes=config.max_nodes, min_nodes=config.min_nodes,
              nproc_per_node=config.nproc_per_node, device=prepared.device.device, runtime=prepared.device.runtime)
