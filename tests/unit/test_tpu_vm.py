@@ -35,7 +35,10 @@ def test_the_metadata_gives_node_rank_nodes_node_0_and_the_slice() -> None:
 def test_each_value_names_the_metadata_attribute_it_was_read_from() -> None:
     with serve_metadata(slice_attributes(1, IPS)) as served:
         settings = detect_cluster("tpu-vm", {"GCE_METADATA_HOST": served.host})
-        message = refusal("--cluster", "tpu-vm", "--nnodes", "1", "t.py", env={"GCE_METADATA_HOST": served.host})
+        # A master port keeps the lone node static, where its rank is checked against the node count
+        # (torchrun 2.12+ runs a lone node without one as --standalone, whose rendezvous reads no rank).
+        message = refusal("--cluster", "tpu-vm", "--nnodes", "1", "--master-port", "29400", "t.py",
+                          env={"GCE_METADATA_HOST": served.host})
     assert settings is not None and settings.read_from == {
         "nnodes": "worker-network-endpoints", "node_rank": "agent-worker-number",
         "master_addr": "worker-network-endpoints"}
