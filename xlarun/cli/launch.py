@@ -145,24 +145,18 @@ def run_launch(prepared: PreparedLaunch, environ: Mapping[str, str]) -> RunEnd:
     return end
 
 
-def event_sinks(config: LaunchConfig) -> list[Sink]:
-    """Where the run's events go: the sinks the options ask for, none by default."""
+def event_sinks(prepared: PreparedLaunch, environ: Mapping[str, str]) -> list[Sink]:
+    """Where the run's events go, none by default: the JSON-lines log, torchrun's console events, the
+    metrics file, systemd (under a ``Type=notify`` unit). Each sink's module is loaded only when wanted."""
     sinks: list[Sink] = []
-    if config.event_log:
-        from xlarun.supervision.eventlog import JsonLinesSink  # loaded only with --event-log
+    event_log = prepared.config.event_log
+    if event_log:
+        from xlarun.supervision.eventlog import JsonLinesSink
 
         try:
-            sinks.append(JsonLinesSink.open(config.event_log))
+            sinks.append(JsonLinesSink.open(event_log))
         except OSError as error:
-            raise UsageError(f"{flag('event_log')} {config.event_log}: cannot open it: "
-                             f"{error.strerror or error}") from None
-    return sinks
-
-
-def monitoring_sinks(prepared: PreparedLaunch, environ: Mapping[str, str]) -> list[Sink]:
-    """The sinks that tell other programs how the run goes: torchrun's console events, the metrics
-    file, systemd (under a ``Type=notify`` unit). Each module is loaded only when wanted."""
-    sinks: list[Sink] = []
+            raise UsageError(f"{flag('event_log')} {event_log}: cannot open it: {error.strerror or error}") from None
     if prepared.event_log_handler == "console":
         from xlarun.supervision.torchrun_events import TorchrunConsoleSink, TorchrunIdentity
 
@@ -182,7 +176,7 @@ def monitoring_sinks(prepared: PreparedLaunch, environ: Mapping[str, str]) -> li
 
 def open_events(prepared: PreparedLaunch, environ: Mapping[str, str]) -> EventBus:
     """The run's event bus, its first event emitted: :data:`NO_EVENTS` (no thread, nothing to pay) without sinks."""
-    sinks = [*event_sinks(prepared.config), *monitoring_sinks(prepared, environ)]
+    sinks = event_sinks(prepared, environ)
     if not sinks:
         return NO_EVENTS
     config = prepared.config
