@@ -3,11 +3,13 @@ attempt's end, the monitor's judgement of silence, heartbeats that fail or hang,
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import json
 import threading
 import time
+from collections.abc import Iterator
 
 import pytest
 
@@ -160,6 +162,18 @@ def test_membership_changes_name_the_nodes_that_left_and_came() -> None:
     assert Roster.decode(late.encode().encode()) == late
 
 
+@contextlib.contextmanager
+def watching(store: MemoryStore, *beats: threading.Event) -> Iterator[Monitor]:
+    """A monitor of attempt 0 (:func:`start_monitor`) for the block's length; then the ``beats`` stop too."""
+    monitor = start_monitor(store)
+    try:
+        yield monitor
+    finally:
+        for beat in beats:
+            beat.set()
+        monitor.stop()
+
+
 def start_monitor(store: MemoryStore, timeout: float = 0.25, interval: float = 0.02) -> Monitor:
     """A monitor of attempt 0, whose nodes are agents 1 (node 0) and 2 (node 1)."""
     roster = Roster((Member(1, "a", 1), Member(2, "b", 1)))
@@ -186,12 +200,8 @@ def test_a_silent_node_is_declared_lost_once_and_its_rank_set_free() -> None:
     store = MemoryStore()
     stop = threading.Event()
     beating(store, 1, stop)
-    monitor = start_monitor(store)
-    try:
+    with watching(store, stop) as monitor:
         wait_until(lambda: store.check([KEYS.attempt(0, "end")]), "the monitor to end the attempt")
-    finally:
-        stop.set()
-        monitor.stop()
 
     lost = LostNode(node_rank=1, host="b", silent_for=0.25)
     assert lost.message == ("node 1 (b) stopped responding: no heartbeat for 0.25 s "
@@ -209,15 +219,11 @@ def test_a_node_lost_after_the_attempt_ended_is_not_its_root_cause() -> None:
     stop, late = threading.Event(), threading.Event()
     beating(store, 1, stop)
     beating(store, 2, late)
-    monitor = start_monitor(store)
-    try:
+    with watching(store, stop) as monitor:
         store.set(KEYS.attempt(0, "end"), News("failure", "rank 0 on node 0 failed (exit code 3)").encode())
         time.sleep(0.3)  # node 1 beats on after the end, then falls silent
         late.set()
         wait_until(lambda: monitor.gone_from(0) == 1, "the monitor to find node 1 silent")
-    finally:
-        stop.set()
-        monitor.stop()
 
     assert not store.check([KEYS.attempt(0, "lost")])
 
@@ -229,12 +235,8 @@ def test_a_value_xlarun_did_not_write_is_named_and_the_watch_goes_on(capfd: pyte
     # A refusal whose words are not UTF-8 and carry an escape sequence that would clear the screen.
     store.set(JobKeys.REFUSED, "1")
     store._put(JobKeys.REFUSED_LAST, b"\xff\x1b[2J")
-    monitor = start_monitor(store)
-    try:
+    with watching(store, stop):
         wait_until(lambda: store.check([KEYS.attempt(0, "end")]), "the monitor to end the attempt")
-    finally:
-        stop.set()
-        monitor.stop()
 
     assert News.decode(store.get(KEYS.attempt(0, "end"))).kind == "lost"
     assert "xlarun: refused an agent: \\xff\\x1b[2J\n" in capfd.readouterr().err
