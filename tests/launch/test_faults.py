@@ -40,7 +40,7 @@ def launch(out_dir: Path, *actions: str, extra: tuple[str, ...] = (), **popen: o
 
 
 def worker_pids(out_dir: Path) -> list[int]:
-    return [int(path.read_text()) for path in sorted(out_dir.glob("*.pid")) if path.read_text()]
+    return [int(path.read_text()) for path in sorted(out_dir.glob("*.pid"))]
 
 
 def summary(out_dir: Path) -> dict:

@@ -17,8 +17,11 @@ import time
 
 out_dir, actions = sys.argv[1], sys.argv[2:]
 rank = int(os.environ["RANK"])
-with open(os.path.join(out_dir, f"{rank}.pid"), "w") as record:
-    record.write(str(os.getpid()))
+# Written whole under its name: the tests read the pids while the workers start.
+record = os.path.join(out_dir, f"{rank}.pid")
+with open(record + ".part", "w") as handle:
+    handle.write(str(os.getpid()))
+os.replace(record + ".part", record)
 kind, *args = actions[rank].split(":")
 
 if kind == "flood":

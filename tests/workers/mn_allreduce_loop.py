@@ -20,8 +20,11 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 value = torch.tensor([1.0])
 dist.all_reduce(value)
-with open(os.path.join(out, f"{rank}.json"), "w") as handle:
+# Written whole under its name: the tests read the records while the workers run.
+record = os.path.join(out, f"{rank}.json")
+with open(record + ".part", "w") as handle:
     json.dump({"rank": rank, "node": int(os.environ["GROUP_RANK"]), "pid": os.getpid()}, handle)
+os.replace(record + ".part", record)
 while True:
     dist.all_reduce(value)
     time.sleep(0.01)

@@ -39,8 +39,11 @@ def record(number: int, frame: object) -> None:
 for number in STOPPING + (signal.SIGUSR1, signal.SIGUSR2):
     signal.signal(number, record)
 
-with open(os.path.join(args.out, f"{rank}.ready"), "w") as handle:
+# Written whole under its name: the tests read the pid once the file appears.
+ready = os.path.join(args.out, f"{rank}.ready")
+with open(ready + ".part", "w") as handle:
     handle.write(str(os.getpid()))
+os.replace(ready + ".part", ready)
 
 
 def everyone_ready() -> bool:
