@@ -27,6 +27,10 @@ dist.all_reduce(value)
 if failing_launch:
     if rank == failing_rank:
         open(marker, "w").close()
+        # Its group's threads joined first: a gloo thread still running at interpreter exit can abort the
+        # process (SIGABRT, "terminate called without an active exception", seen on torch 2.14) before
+        # the exit code is in.
+        dist.destroy_process_group()
         sys.exit(3)
     while True:
         time.sleep(1)
