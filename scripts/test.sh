@@ -4,7 +4,7 @@
 #   1. the gate, in a minute or two: ruff (lint), mypy (xlarun/, scripts/ and tests/; both
 #      configured in pyproject.toml) and the unit layer (-m unit: in-process, no launcher started)
 #      on the first stack;
-#   2. the launch layer on each stack, with the 25 slowest tests printed:
+#   2. the launch layer on each stack, the stacks side by side, with the 25 slowest tests printed:
 #      .venv       torch 2.9 + torch_xla 2.9: every launch test;
 #      .venv-next  the newest torch that installs here, with torch_tpu and libtpu and no torch_xla:
 #                  its unit layer and every launch test that needs no torch_xla and could differ
@@ -80,6 +80,14 @@ run_pytest() {
     esac
 }
 
+# The release matrix test's torch_xla sources are fetched once into .venv while the gate runs; a
+# failure is reported there and makes those tests skip (fail under CI), not the whole run.
+fetch=""
+if [[ " $stacks " == *" xla "* ]]; then
+    { scripts/fetch-torch-xla-sources.sh || true; } >"$logs/sources" 2>&1 &
+    fetch=$!
+fi
+
 # Stage 1: the gate.
 read -r gate _ <<<"$stacks"
 checker=.venv/bin/python
@@ -88,16 +96,19 @@ code=0; "$checker" -m ruff check --quiet || code=$?; record "$code" "ruff"
 code=0; "$checker" -m mypy || code=$?; record "$code" "mypy"
 gate_code=0; run_pytest "$gate" launch "$@" || gate_code=$?
 [ "$gate_code" -eq 5 ] || record "$gate_code" "the unit layer on the $gate stack"
+if [ -n "$fetch" ]; then
+    wait "$fetch"
+    cat "$logs/sources" >&2
+fi
 stage_passed 1
 
-# Stage 2: the launch layer on each stack. The release matrix test's torch_xla sources are fetched
-# once into .venv; a failure is reported there and makes those tests skip (fail under CI), not the
-# whole run.
-if [[ " $stacks " == *" xla "* ]]; then
-    scripts/fetch-torch-xla-sources.sh || true
-fi
-for stack in $stacks; do
-    code=0
+# Stage 2: the launch layer on each stack, both stacks at once. Their tests mostly wait (for
+# workers to start, for timeouts to pass), so on the 2-core test machine the two side by side took
+# about as long as the slower one alone. Each stack's output is printed whole once both ended, a
+# failing stack's last, so the end of the output shows what failed.
+launch_layer() {
+    local stack=$1 code=0
+    shift
     if [ "$stack" = "$gate" ]; then
         run_pytest "$stack" unit --durations=25 "$@" || code=$?
         if [ "$code" -eq 5 ] && [ "$gate_code" -ne 5 ]; then
@@ -106,7 +117,26 @@ for stack in $stacks; do
     else
         run_pytest "$stack" "" --durations=25 "$@" || code=$?
     fi
-    record "$code" "pytest on the $stack stack"
+    return "$code"
+}
+runs=()
+for stack in $stacks; do
+    launch_layer "$stack" "$@" >"$logs/test-$stack" 2>&1 &
+    runs+=("$!:$stack")
+done
+ended=()
+for run in "${runs[@]}"; do
+    code=0; wait "${run%%:*}" || code=$?
+    ended+=("$code:${run#*:}")
+done
+for pass in passed failed; do
+    for run in "${ended[@]}"; do
+        code=${run%%:*}
+        if { [ "$pass" = passed ] && [ "$code" -eq 0 ]; } || { [ "$pass" = failed ] && [ "$code" -ne 0 ]; }; then
+            cat "$logs/test-${run#*:}"
+            record "$code" "pytest on the ${run#*:} stack"
+        fi
+    done
 done
 stage_passed 2
 
