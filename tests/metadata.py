@@ -9,19 +9,33 @@
   body never ends, as fast as it is read, ``"redirect"`` a 302 to ``REDIRECT_TARGET`` on itself.
 - ``slice_attributes(worker, ips, tpu_env)``: the three attributes of one VM of a slice.
 - ``V4_16_TPU_ENV``: the ``tpu-env`` of a v4-16 (two hosts of 2x2x1 chips), in the metadata's format.
+- ``hanging_lookup(directory)``: a real name lookup that never ends, for a metadata server whose name
+  does not resolve in time: it yields ``HOSTALIASES``, under which glibc's resolver, asked for the
+  single-label ``HANGING_NAME``, waits on a FIFO that nobody writes before it asks any DNS server; on
+  leaving, the FIFO ends and so does every lookup still waiting on it. It skips the test where the
+  resolver does not read ``HOSTALIASES`` (not glibc, or a hosts source other than ``dns`` answers first).
 """
 
 from __future__ import annotations
 
+import os
+import socket
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 from typing import Literal, NamedTuple
+
+import pytest
 
 PREFIX = "/computeMetadata/v1/instance/attributes/"
 DRIP_INTERVAL_S = 4.0
 REDIRECT_TARGET = "/elsewhere"
+HANGING_NAME = "xlarun-metadata"
+PROBE_S = 5.0
+"""How long the probe lookup may take to open the FIFO before the resolver is taken not to read it."""
 Behaviour = Literal["answer", "drip", "endless", "redirect"]
 
 V4_16_TPU_ENV = """ACCELERATOR_TYPE: 'v4-16'
@@ -107,3 +121,42 @@ def serve_metadata(attributes: Mapping[str, str], behaviour: Behaviour = "answer
         closing.set()
         server.shutdown()
         server.server_close()
+
+
+@contextmanager
+def hanging_lookup(directory: Path) -> Iterator[str]:
+    aliases = directory / "host.aliases"
+    os.mkfifo(aliases)
+    # Held for reading and writing, so that a resolver's open returns and its read waits for data.
+    held = os.open(aliases, os.O_RDWR)
+    try:
+        _skip_unless_the_resolver_reads(aliases)
+        yield str(aliases)
+    finally:
+        os.close(held)
+
+
+def _skip_unless_the_resolver_reads(aliases: Path) -> None:
+    """Look ``HANGING_NAME`` up in a thread of this process, and skip unless it opens ``aliases``
+    (which this process holds open once already)."""
+    looked_up = threading.Event()
+
+    def look_up() -> None:
+        try:
+            socket.getaddrinfo(HANGING_NAME, 80)
+        except OSError:
+            pass
+        looked_up.set()
+
+    def opened() -> int:
+        return sum(os.path.realpath(f"/proc/self/fd/{fd}") == os.path.realpath(aliases)
+                   for fd in os.listdir("/proc/self/fd"))
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HOSTALIASES", str(aliases))
+        threading.Thread(target=look_up, daemon=True).start()
+        probe_deadline = time.monotonic() + PROBE_S
+        while not looked_up.wait(0.01) and time.monotonic() < probe_deadline:
+            if opened() > 1:
+                return
+    pytest.skip("this resolver does not read HOSTALIASES, so no name lookup can be made to hang")

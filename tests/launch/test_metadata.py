@@ -5,10 +5,11 @@ nothing started. The server is the stub of ``tests/metadata.py``, on 127.0.0.1."
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 from helpers import run_xlarun
-from metadata import REDIRECT_TARGET, Behaviour, serve_metadata, slice_attributes
+from metadata import HANGING_NAME, REDIRECT_TARGET, Behaviour, hanging_lookup, serve_metadata, slice_attributes
 
 from xlarun.host.metadata import DEADLINE_S
 
@@ -17,10 +18,11 @@ IPS = ["10.130.0.2", "10.130.0.3"]
 START_AND_EXIT_S = 10
 
 
-def refused(served_host: str) -> tuple[str, float]:
-    """The one line a dry run of ``--cluster tpu-vm`` refuses with, and how long it took."""
+def refused(served_host: str, **env: str) -> tuple[str, float]:
+    """The one line a dry run of ``--cluster tpu-vm`` refuses with, and how long it took; ``env`` adds to
+    its environment."""
     started = time.monotonic()
-    run = run_xlarun("--cluster", "tpu-vm", "--dry-run", "t.py", env={"GCE_METADATA_HOST": served_host})
+    run = run_xlarun("--cluster", "tpu-vm", "--dry-run", "t.py", env={"GCE_METADATA_HOST": served_host, **env})
     took = time.monotonic() - started
     assert run.returncode == 2, run
     assert run.stdout == "" and run.stderr.count("\n") == 1, run.stderr
@@ -33,6 +35,25 @@ def test_a_server_that_never_finishes_is_one_line_within_the_deadline(behaviour:
         line, took = refused(served.host)
     assert took < DEADLINE_S + START_AND_EXIT_S, took
     assert line.startswith("xlarun: error: --cluster tpu-vm: ") and f"metadata server at {served.host}" in line, line
+
+
+def test_a_name_whose_lookup_never_ends_is_one_line_within_the_deadline(tmp_path: Path) -> None:
+    with hanging_lookup(tmp_path) as aliases:
+        line, took = refused(HANGING_NAME, HOSTALIASES=aliases)
+    assert took < DEADLINE_S + START_AND_EXIT_S, took
+    assert line.startswith(f"xlarun: error: --cluster tpu-vm: the metadata server's name {HANGING_NAME} did not "
+                           f"resolve within {DEADLINE_S:g} s; "), line
+
+
+@pytest.mark.parametrize(("host", "said"), [
+    # .invalid never resolves (RFC 6761); a resolver without a name server says so in other words.
+    ("xlarun-nowhere.invalid:8080", "the metadata server's name xlarun-nowhere.invalid does not resolve ("),
+    ("xlarun..invalid", "GCE_METADATA_HOST='xlarun..invalid' is not host[:port]"),
+])
+def test_a_name_that_does_not_resolve_is_one_line_naming_it(host: str, said: str) -> None:
+    line, _ = refused(host)
+    assert line.startswith(f"xlarun: error: --cluster tpu-vm: {said}"), line
+    assert "Errno" not in line, line
 
 
 def test_a_redirect_is_not_followed() -> None:

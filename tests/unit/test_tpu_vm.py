@@ -3,11 +3,13 @@ shape, for torch_xla and TorchTPU alike; here the server is a stub on 127.0.0.1 
 
 from __future__ import annotations
 
+import socket
 import time
+from pathlib import Path
 
 import pytest
 from helpers import TESTS, prepare, refusal
-from metadata import PREFIX, Behaviour, serve_metadata, slice_attributes
+from metadata import HANGING_NAME, PREFIX, Behaviour, hanging_lookup, serve_metadata, slice_attributes
 
 from xlarun.cli.cluster import TPU_VM_ATTRIBUTES, ClusterSettings, detect_cluster
 from xlarun.exceptions import UsageError
@@ -166,7 +168,34 @@ def test_a_server_that_misbehaves_is_one_reason_within_the_deadline(behaviour: B
     assert [path for path, _ in served.requests] == [PREFIX + "agent-worker-number"]
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1 --evil", "127.0.0.1:http", "a\r\nX-Forwarded-For: b"])
+def test_a_name_whose_lookup_never_ends_is_one_reason_within_the_deadline(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    with hanging_lookup(tmp_path) as aliases:
+        monkeypatch.setenv("HOSTALIASES", aliases)
+        started = time.monotonic()
+        with pytest.raises(MetadataError) as failed:
+            instance_attributes(TPU_VM_ATTRIBUTES, {"GCE_METADATA_HOST": f"{HANGING_NAME}:8080"}, deadline_s=0.5)
+        took = time.monotonic() - started
+    assert str(failed.value) == f"the metadata server's name {HANGING_NAME} did not resolve within 0.5 s"
+    assert took < 2, took
+
+
+def test_the_name_is_looked_up_once_for_all_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
+    looked_up: list[str] = []
+    resolver = socket.getaddrinfo
+
+    def look_up(name: str, *query: object, **options: object) -> object:
+        looked_up.append(name)
+        return resolver(name, *query, **options)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(socket, "getaddrinfo", look_up)
+    with serve_metadata(slice_attributes(1, IPS)) as served:
+        instance_attributes(TPU_VM_ATTRIBUTES, {"GCE_METADATA_HOST": served.host.replace("127.0.0.1", "localhost")})
+    assert looked_up == ["localhost"]
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1 --evil", "127.0.0.1:http", "a\r\nX-Forwarded-For: b", "xlarun..invalid",
+                                  "a" * 64 + ".invalid"])
 def test_a_metadata_host_that_is_not_host_and_port_is_refused(host: str) -> None:
     with pytest.raises(MetadataError, match=r"^GCE_METADATA_HOST=.* is not host\[:port\]$"):
         instance_attributes(TPU_VM_ATTRIBUTES, {"GCE_METADATA_HOST": host})

@@ -12,7 +12,8 @@ README's old pod recipe fetched with curl. Requests carry ``Metadata-Flavor: Goo
 own clients (google-auth) let it point elsewhere: the tests serve a stub on 127.0.0.1.
 
 The server is trusted for nothing: one deadline (:data:`DEADLINE_S`) covers the whole exchange,
-however slowly it sends; an answer larger than :data:`MAX_ANSWER_BYTES` is refused as it comes; a
+the lookup of its name included (once, for every attribute), however slowly the resolver or the
+server answers; an answer larger than :data:`MAX_ANSWER_BYTES` is refused as it comes; a
 redirect is an answer like any other that is not 200 (never followed), and no proxy is used (the
 server is link-local). The caller checks every value it is given. The text of an answer that is
 not UTF-8 keeps its odd bytes as ``\\xff`` escapes, so that it can be shown.
@@ -22,14 +23,17 @@ from __future__ import annotations
 
 import io
 import socket
+import threading
 import time
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 METADATA_HOST_VARIABLE = "GCE_METADATA_HOST"
 DEFAULT_METADATA_HOST = "metadata.google.internal"
 ATTRIBUTES_PATH = "/computeMetadata/v1/instance/attributes/"
 DEADLINE_S = 5.0
-"""For the whole exchange: the server answers within milliseconds on a VM; off GCE its name does not resolve."""
+"""For the whole exchange, the name's lookup included: the server answers within milliseconds on a VM; off
+GCE its name does not resolve, or the lookup waits for a name server that does not answer."""
 MAX_ANSWER_BYTES = 1 << 20
 """One answer, headers included: the largest attribute, a big slice's endpoints, is tens of kilobytes."""
 
@@ -48,26 +52,68 @@ def instance_attributes(keys: Sequence[str], environ: Mapping[str, str],
     :class:`MetadataError` where one cannot be had."""
     deadline = time.monotonic() + deadline_s
     host = metadata_host(environ)
-    if not host.isprintable() or any(character.isspace() for character in host):
-        raise MetadataError(f"{METADATA_HOST_VARIABLE}={host!r} is not host[:port]")
-    return {key: _attribute(host, key, deadline, deadline_s) for key in keys}
+    hostname, port = _hostname_and_port(host)
+    try:
+        addresses = _look_up(hostname, port, deadline)
+    except TimeoutError:
+        raise MetadataError(f"the metadata server's name {hostname} did not resolve within {deadline_s:g} s"
+                            ) from None
+    except OSError as error:
+        raise MetadataError(f"the metadata server's name {hostname} does not resolve "
+                            f"({error.strerror or type(error).__name__})") from None
+    return {key: _attribute(host, addresses, key, deadline, deadline_s) for key in keys}
 
 
-def _attribute(host: str, key: str, deadline: float, deadline_s: float) -> str:
-    import http.client
+def _hostname_and_port(host: str) -> tuple[str, int]:
+    """``host``'s name and port (80 where it names none), or :class:`MetadataError` where it is not
+    ``host[:port]`` (a name that cannot be looked up, such as one with an empty label, included)."""
     from urllib.parse import urlsplit
 
     try:
+        if not host.isprintable() or any(character.isspace() for character in host):
+            raise ValueError
         address = urlsplit(f"http://{host}")
         hostname, port = address.hostname, address.port or 80
-    except ValueError:
-        hostname = None
-    if not hostname:
-        raise MetadataError(f"{METADATA_HOST_VARIABLE}={host!r} is not host[:port]")
+        if not hostname:
+            raise ValueError
+        hostname.encode("idna")  # as getaddrinfo encodes it
+    except (ValueError, UnicodeError):
+        raise MetadataError(f"{METADATA_HOST_VARIABLE}={host!r} is not host[:port]") from None
+    return hostname, port
+
+
+_Addresses = Sequence[tuple[socket.AddressFamily, socket.SocketKind, int, str, Any]]
+
+
+def _look_up(hostname: str, port: int, deadline: float) -> _Addresses:
+    """``hostname``'s addresses, or :class:`TimeoutError` at ``deadline``. getaddrinfo takes no timeout,
+    and a resolver whose name server does not answer waits its own timeout (5 s by default) for every
+    attempt at every server, so the lookup runs in a daemon thread that is left behind at the deadline."""
+    outcome: list[_Addresses | OSError] = []
+    looked_up = threading.Event()
+
+    def look_up() -> None:
+        try:
+            outcome.append(socket.getaddrinfo(hostname, port, type=socket.SOCK_STREAM))
+        except OSError as error:
+            outcome.append(error)
+        looked_up.set()
+
+    threading.Thread(target=look_up, name="metadata-lookup", daemon=True).start()
+    if not looked_up.wait(_left(deadline)):
+        raise TimeoutError
+    if isinstance(outcome[0], OSError):
+        raise outcome[0]
+    return outcome[0]
+
+
+def _attribute(host: str, addresses: _Addresses, key: str, deadline: float, deadline_s: float) -> str:
+    import http.client
+
     request = (f"GET {ATTRIBUTES_PATH}{key} HTTP/1.1\r\nHost: {host}\r\nMetadata-Flavor: Google\r\n"
                "Connection: close\r\n\r\n").encode()
     try:
-        answer = _exchange((hostname, port), request, deadline)
+        answer = _exchange(addresses, request, deadline)
         response = http.client.HTTPResponse(_Received(answer))  # type: ignore[arg-type]
         response.begin()
         body = response.read()
@@ -91,9 +137,9 @@ class _TooLarge(Exception):
     pass
 
 
-def _exchange(address: tuple[str, int], request: bytes, deadline: float) -> bytes:
+def _exchange(addresses: _Addresses, request: bytes, deadline: float) -> bytes:
     """Send ``request`` and read the answer to its end (the server closes), all before ``deadline``."""
-    with socket.create_connection(address, timeout=_left(deadline)) as connection:
+    with _connect(addresses, deadline) as connection:
         connection.sendall(request)
         answer = bytearray()
         while True:
@@ -104,6 +150,21 @@ def _exchange(address: tuple[str, int], request: bytes, deadline: float) -> byte
             answer += chunk
             if len(answer) > MAX_ANSWER_BYTES:
                 raise _TooLarge
+
+
+def _connect(addresses: _Addresses, deadline: float) -> socket.socket:
+    """A connection to the first of ``addresses`` that takes one before ``deadline``, else the last one's
+    error, as :func:`socket.create_connection` tries a name's addresses (getaddrinfo gives at least one)."""
+    for family, kind, protocol, _, address in addresses:
+        connection = socket.socket(family, kind, protocol)
+        try:
+            connection.settimeout(_left(deadline))
+            connection.connect(address)
+            return connection
+        except OSError as error:
+            connection.close()
+            failed = error
+    raise failed
 
 
 def _left(deadline: float) -> float:
