@@ -4,10 +4,12 @@ network namespace and volumes. Nothing the first launch left (its run's log dire
 the store port's connections in TIME_WAIT, a launcher killed with its orphan guard still reaping) keeps the
 second from running and exiting 0: on one node, and on two nodes under either rendezvous, whether the first
 launch succeeded, failed (a worker's exit 3) or was killed; nor does a first launch still ending on the
-store's host when another node's second launch reaches its store."""
+store's host when another node's second launch reaches its store, under c10d even once its rendezvous closed
+on that node: where no second launch of the host comes, that node fails in one line, having run nothing."""
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -18,8 +20,9 @@ from typing import Any
 
 import psutil
 import pytest
+import torch.distributed as dist
 from helpers import Run, finish, run_xlarun, start_xlarun, wait_for, worker
-from multinode import HOST, Nodes, both, c10d, static
+from multinode import HOST, Nodes, both, c10d, kill_machine, lines, listeners, static
 
 RUN_ID = "job-in-place"
 FAILING_RANK = "1"
@@ -150,3 +153,67 @@ def test_a_node_restarted_before_the_store_host_joins_the_stores_next_launch(nod
     second = nodes.finish_all([new_0, new_1])
     assert [run.returncode for run in second] == [0, 0], both(second)
     assert [record["sum"] for record in records(out_dir, 2)] == [1, 1]
+
+
+# --- c10d: the first launch's rendezvous, closing ---------------------------------------------------------
+
+CLOSING_CONF = "heartbeat_timeout=30,join_timeout=40"
+
+
+def finished_first_launch(nodes: Nodes, tmp_path: Path, port: int) -> tuple[subprocess.Popen, dist.TCPStore]:
+    """A first launch whose attempt ended (both nodes' workers finished) while its store's host (node 0) still
+    waits to hear that node 1 left: node 1's container was restarted after its workers finished, so node 0
+    finds it gone only when its heartbeat times out. Returns node 0's agent and a client of its store."""
+    release = tmp_path / "release"
+    old_0 = nodes.start(*c10d(port, RUN_ID, 2, 1), "--rdzv_conf", CLOSING_CONF, "--no-python", "sh", "-c",
+                        f"while [ ! -e {release} ]; do sleep 0.1; done")
+    wait_for(lambda: listeners(port), f"node 0 to serve the store on port {port}")
+    old_1 = nodes.start(*c10d(port, RUN_ID, 2, 1), "--rdzv_conf", f"{CLOSING_CONF},is_host=0", "--no-python", "true")
+    store = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=30))
+    wait_for(lambda: int(store.add(f"xlarun/{RUN_ID}/attempt_0/done", 0)) == 1, "node 1's workers to finish")
+    kill_machine(old_1.pid)
+    finish(old_1)
+    release.touch()
+    wait_for(lambda: store.check([f"xlarun/{RUN_ID}/attempt_0/end"]), "the first launch's attempt to end")
+    return old_0, store
+
+
+def start_second_launch(nodes: Nodes, out_dir: Path, port: int, node: int) -> subprocess.Popen:
+    conf = CLOSING_CONF if node == 0 else f"{CLOSING_CONF},is_host=0"
+    return nodes.start(*c10d(port, RUN_ID, 2, 1), "--rdzv_conf", conf, worker("fails_first_launch.py"), out_dir,
+                       FAILING_RANK)
+
+
+def test_a_c10d_node_reaching_the_first_launchs_closing_rendezvous_runs_in_the_next(nodes: Nodes, tmp_path: Path,
+                                                                                 out_dir: Path, port: int) -> None:
+    """Node 1's second launch reaches the store of node 0's first launch after that launch's attempt ended,
+    and waits in its rendezvous until node 0 closes it. That job is over, not one node 1 has a place in: it
+    joins the rendezvous of node 0's second launch and runs its workers there."""
+    (out_dir / "failed").touch()  # the second launch's workers succeed
+    old_0, store = finished_first_launch(nodes, tmp_path, port)
+    new_1 = start_second_launch(nodes, out_dir, port, 1)
+    wait_for(lambda: int(store.add(f"xlarun/{RUN_ID}/unseated", 0)) == 1,
+             "node 1's second launch to wait in the first launch's rendezvous")
+    finish(old_0)
+    new_0 = start_second_launch(nodes, out_dir, port, 0)
+    second = nodes.finish_all([new_0, new_1])
+    assert [run.returncode for run in second] == [0, 0], both(second)
+    assert [record["sum"] for record in records(out_dir, 2)] == [1, 1]
+
+
+def test_a_c10d_node_finding_only_the_finished_first_launch_fails_in_one_line(nodes: Nodes, tmp_path: Path,
+                                                                              out_dir: Path, port: int) -> None:
+    """Where no next launch comes within its join timeout, the node that found only a finished job says so and
+    fails: it ran nothing, so it never reports success."""
+    (out_dir / "failed").touch()
+    old_0, store = finished_first_launch(nodes, tmp_path, port)
+    new_1 = start_second_launch(nodes, out_dir, port, 1)
+    wait_for(lambda: int(store.add(f"xlarun/{RUN_ID}/unseated", 0)) == 1,
+             "node 1's second launch to wait in the first launch's rendezvous")
+    finish(old_0)
+    run = finish(new_1)
+    assert run.returncode == 1, run.stderr
+    assert lines(run) == [f"xlarun: found only a finished job of run id {RUN_ID!r} at {HOST}:{port}: it ended "
+                          "before this node came, and no next launch of it came within the join timeout (40 s)"], \
+        run.stderr
+    assert not list(out_dir.glob("*.json"))

@@ -17,7 +17,10 @@ address, as torchrun, so MASTER_ADDR is where global rank 0 runs.
 torch's errors from a round become one line each (:meth:`C10dSeating.seat`): a timeout
 counts the nodes that came; a closed round ends a node still waiting for its first seat
 with nothing to run (:class:`~xlarun.rendezvous.JobEnded`) and fails one that ran; a lost
-connection names the store's node.
+connection names the store's node. A round closed on a node that came after the job's last
+attempt had ended was a launch before this node's, still ending (a container restarted in
+place reaches it before the store's host restarts): the node waits for the next launch's
+store rather than end with it (:class:`~xlarun.rendezvous.joining.FinishedJob`).
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from xlarun.exceptions import LaunchError
 from xlarun.flags import flag
 from xlarun.host.ports import address_facing, is_local_address
 from xlarun.rendezvous import JobEnded
-from xlarun.rendezvous.joining import LeadAttempt, Member, Seat, take_seat
+from xlarun.rendezvous.joining import FinishedJob, LeadAttempt, Member, Seat, take_seat
 from xlarun.rendezvous.store import (
     STATUS_INTERVAL,
     Client,
@@ -160,10 +163,11 @@ class C10dSeating:
 
         assert self._handler is not None
         with self._handler_lock, self._ticking(), self._counted(store, self._keys("unseated"), previous is None):
+            came_after_end = previous is None and self._job_ended(store)
             try:
                 info = self._handler.next_rendezvous()
             except RendezvousError as error:
-                raise self._one_line(error, store, previous) from None
+                raise self._one_line(error, store, previous, came_after_end) from None
         self._status.clear()
         return take_seat(info.store, "xlarun/", info.rank, info.world_size, me,
                          lambda members: lead(self._number_attempt(store), members),
@@ -174,8 +178,14 @@ class C10dSeating:
         """As the round's leader: the attempt's number, from the job's count (a round has none of its own)."""
         return int(store.add(self._keys("attempts"), 1)) - 1
 
-    def _one_line(self, error: Exception, store: Client, previous: Seat | None) -> Exception:
-        """What a round's error means for this node: before its first seat (``previous`` is None) or after."""
+    def _job_ended(self, store: Client) -> bool:
+        """Whether the job's latest attempt has ended: until the next is seated, no attempt runs."""
+        published = int(store.add(self._keys("published"), 0))
+        return published > 0 and store.check([self._keys.attempt(published - 1, "end")])
+
+    def _one_line(self, error: Exception, store: Client, previous: Seat | None, came_after_end: bool) -> Exception:
+        """What a round's error means for this node: before its first seat (``previous`` is None) or after,
+        having come while no attempt ran (``came_after_end``) or not."""
         from torch.distributed.elastic.rendezvous.api import (
             RendezvousClosedError,
             RendezvousConnectionError,
@@ -193,6 +203,10 @@ class C10dSeating:
             return LaunchError(f"fewer than {config.min_nodes} nodes (the minimum of {flag('nnodes')}) came back "
                                f"within {self.timeouts.join:.0f} s after attempt {previous.attempt}")
         if isinstance(error, (RendezvousClosedError, RendezvousGracefulExitError)):
+            if came_after_end:
+                return FinishedJob(f"found only a finished job of run id {run_id!r} at {self._where}: it ended "
+                                   "before this node came, and no next launch of it came within the join timeout "
+                                   f"({self.timeouts.join:.0f} s)")
             if previous is None:
                 return JobEnded(f"the job of run id {run_id!r} at {self._where} ended while this node "
                                 "waited for a place in it; nothing to run")

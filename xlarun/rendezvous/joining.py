@@ -29,6 +29,14 @@ from xlarun.rendezvous.store import Client, JobKeys, StoreRole, Timeouts, token_
 NAMED_CHANGES = 3
 
 
+class FinishedJob(LaunchError):
+    """The store this node reached serves a launch of its run id whose last attempt had ended before the node
+    came, and that launch closed its rendezvous: a launch before this one (a container restarted in place, a
+    Slurm requeue), still ending. Not a job this node has a place in: it waits for the next launch's store
+    (:meth:`~xlarun.rendezvous.node.NodeRendezvous.assign`), and the line is its error where none comes in time.
+    """
+
+
 @dataclass(frozen=True)
 class Member:
     """One agent taking part in an attempt."""
@@ -134,6 +142,7 @@ class Seating(Protocol):
         """This node's seat in the attempt after ``previous`` (``None``: the first it takes part in).
 
         ``lead`` runs on the attempt's node rank 0, with the attempt's number and every node's record.
+        Raises :class:`FinishedJob` where the store's job had ended before this node came.
         """
 
     def worker_store_host(self, attempt: int) -> str | None:

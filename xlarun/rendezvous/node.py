@@ -39,6 +39,7 @@ from xlarun.failures import FailureRecord
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import AttemptEnd, NodeStacks, StopRequest, shown
 from xlarun.rendezvous.joining import (
+    FinishedJob,
     Member,
     NodePlan,
     Roster,
@@ -150,12 +151,15 @@ class NodeRendezvous:
 
         A store that another node serves and that stops before this node has a seat was an earlier
         launch's of the same run id, ending: a container restarted in place (a Kubernetes JobSet's
-        ``RestartAllContainers``) may reach it before the store's host restarts too. This node then
-        joins the store that host serves next, within the join timeout, instead of ending with the old.
+        ``RestartAllContainers``) may reach it before the store's host restarts too. So is a store
+        whose job had ended before this node came (:class:`~xlarun.rendezvous.joining.FinishedJob`).
+        This node then joins the store that host serves next, within the join timeout, instead of
+        ending with the old; where none comes, the finished job is what it found.
         """
         from torch.distributed import DistNetworkError
 
         deadline = time.monotonic() + self._timeouts.join
+        finished: FinishedJob | None = None
         while True:
             try:
                 if self._store is None:
@@ -164,12 +168,23 @@ class NodeRendezvous:
             except DistNetworkError:
                 if self._serving or time.monotonic() >= deadline:
                     raise
-            self._status.update(f"the store at {self._store_host}:{self._store_port} stopped before this node had "
-                                "a seat; waiting for its host's next one")
+            except FinishedJob as found:
+                if time.monotonic() >= deadline:
+                    raise
+                finished = found
+                # Its host may serve it a moment longer: torch's handler reads a round's state once a second.
+                time.sleep(1)
+            except LaunchError:
+                if finished is None or self._store is not None:
+                    raise
+                raise finished from None  # no store came after it
+            self._status.update(f"the store at {self._store_host}:{self._store_port} was an earlier launch's; "
+                                "waiting for its host's next one")
             self._forget_store()
 
     def _forget_store(self) -> None:
-        """Drop a store that stopped before this node had a seat, and the heartbeat it fed."""
+        """Drop an earlier launch's store (stopped, or its job ended) found before this node had a seat, and
+        the heartbeat it fed."""
         if self._beats is not None:
             self._beats.stop()
         with self._lock:
