@@ -260,6 +260,38 @@ def test_a_job_on_several_hosts_returns_every_ranks_value_and_a_failure_names_it
     assert got["left"] == ["caller.py"]  # the shared private directory is gone
 
 
+def test_a_job_on_several_hosts_lists_every_failed_worker_with_its_host(tmp_path: Path) -> None:
+    got = run_caller(tmp_path, """
+        import time
+
+        hosts = {"hosts": ["127.0.0.2", "127.0.0.3"], "rsh": "env -i PATH=/usr/bin:/bin sh -c {command}",
+                 "nproc_per_node": 2, "device": "cpu", "remote_python": sys.executable}
+        failing = ("1", "3")  # one rank on each host
+
+        def fail_on_one_and_three():
+            if os.environ["RANK"] not in failing:
+                time.sleep(120)
+            # Both exit at one instant, so each host sees its own rank fail before it hears of the other.
+            with open(f"at-{os.environ['RANK']}.tmp", "w") as handle:
+                handle.write(str(time.time()))
+            os.rename(f"at-{os.environ['RANK']}.tmp", f"at-{os.environ['RANK']}")
+            while not all(os.path.exists(f"at-{rank}") for rank in failing):
+                time.sleep(0.01)
+            at = max(float(open(f"at-{rank}").read()) for rank in failing) + 1
+            time.sleep(max(0.0, at - time.time()))
+            os._exit(5)
+
+        try:
+            xlarun.launch(fail_on_one_and_three, **hosts)
+        except xlarun.WorkerFailed as error:
+            print(json.dumps({"root": [error.root_cause.rank, error.root_cause.host],
+                              "failures": [[failure.rank, failure.host, failure.returncode]
+                                           for failure in error.failures]}))
+    """)
+    assert got["failures"][0] == [*got["root"], 5]
+    assert sorted(got["failures"]) == [[1, "127.0.0.2", 5], [3, "127.0.0.3", 5]]
+
+
 def start_sleepers(tmp_path: Path, options: str = "",
                    ignore_term: bool = False) -> tuple[subprocess.Popen[str], list[int]]:
     """A caller whose launch's two workers sleep (SIGTERM and SIGINT, which the launcher passes on, ignored if asked), and their pids once both run;

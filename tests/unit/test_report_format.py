@@ -97,7 +97,7 @@ def test_the_record_names_the_launchers_signal_and_keeps_the_documented_order() 
     summary.add_attempt(0, [WorkerResult(local_rank=0, rank=0, pid=1, started_at=0.0, returncode=-15)])
     record = summary.record(RunEnd.signalled(signal.SIGTERM))
     assert list(record) == ["run_id", "exit_code", "result", "restarts", "launcher_signal", "error", "root_cause",
-                            "attempts"]
+                            "other_failures", "attempts"]
     assert (record["exit_code"], record["result"], record["launcher_signal"], record["root_cause"]) == (
         143, "signalled", "SIGTERM", None)
     assert record["attempts"][0]["workers"][0]["signal"] == "SIGTERM"

@@ -14,8 +14,8 @@ same option table (a refusal is a :class:`ValueError` with the command's line), 
 :func:`xlarun.cli.launch.run_launch`'s: the same planning, preflight, supervision, orphan guard
 (with the caller as the launcher), report and summary. With ``hosts=[...]`` (or ``hostfile=``,
 ``tpu_pod=``) the run is the command's fan-out (:func:`xlarun.cli.hosts.launch_hosts`, docs/hosts.md),
-and the summary is the fan-out's; a :class:`WorkerFailed` names the failing rank's host as the
-fan-out reached it.
+and the summary is the fan-out's; a :class:`WorkerFailed` lists every failed worker the hosts'
+summaries list, the root cause first, each on its host as the caller named it.
 
 Workers are fresh interpreters, never forks of the caller: ``python -m xlarun.worker.call PAYLOAD``
 (:mod:`xlarun.worker.call`). The payload, a file in the launch's private directory (mode 0700,
@@ -48,7 +48,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 from xlarun.cli.launch import prepare_launch, run_launch
@@ -348,25 +348,36 @@ def hosts_result(exit_code: int, summary: dict[str, Any], payload: str | None, r
     node_summaries = [host.get("summary") or {} for host in summary.get("hosts", [])]
     if exit_code == 0:
         return LaunchResult(values=values_of(node_summaries, payload), exit_code=exit_code, summary=summary)
-    root = summary.get("root_cause") or {}
-    record = next((failure_record(node.get("root_cause"), root["host"]) for host, node
-                   in zip(summary.get("hosts", []), node_summaries, strict=True)
-                   if root and host.get("node_rank") == root["node_rank"]), None)
+    failures = job_failures(node_summaries)
+    record = failures[0] if failures else None
     message = describe_failure(record) if record is not None else (
         f"the run {summary.get('result', 'failed')} (exit code {exit_code})")
     cause = pickled_exception(payload, record)
     if reraise and isinstance(cause, BaseException):
         raise cause
-    error = WorkerFailed(message, record, [] if record is None else [record], exit_code, summary)
+    error = WorkerFailed(message, record, failures, exit_code, summary)
     raise error from cause if isinstance(cause, BaseException) else None
 
 
-def failure_record(cause: Any, host: str) -> FailureRecord | None:
-    """A node summary's ``root_cause`` as a record, on the host the fan-out reached (not the node's own name)."""
+def job_failures(node_summaries: Sequence[Mapping[str, Any]]) -> list[FailureRecord]:
+    """Every failed worker the nodes' summaries list, once, the root cause first: every node names the job's
+    root cause (the rendezvous tells it), and lists its own workers' other failures after it."""
+    listed = [node.get("root_cause") for node in node_summaries]
+    listed += [failure for node in node_summaries for failure in node.get("other_failures") or []]
+    failures: dict[tuple[int, int], FailureRecord] = {}
+    for cause in listed:
+        record = failure_record(cause)
+        if record is not None:
+            failures.setdefault((record.node_rank, record.rank), record)
+    return list(failures.values())
+
+
+def failure_record(cause: Any) -> FailureRecord | None:
+    """A node summary's failure as a record; None for another root cause (a hang, a node lost)."""
     if not isinstance(cause, dict) or "rank" not in cause:
         return None
     names = {field.name for field in fields(FailureRecord)}
-    return replace(FailureRecord(**{name: value for name, value in cause.items() if name in names}), host=host)
+    return FailureRecord(**{name: value for name, value in cause.items() if name in names})
 
 
 def read_summary(path: str) -> dict[str, Any]:

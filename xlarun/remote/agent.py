@@ -2,8 +2,8 @@
 
 It reads its plan from standard input (:mod:`xlarun.remote.protocol`), moves to the plan's
 directory, checks the host (:func:`xlarun.remote.checks.check_host`) and says ``ready`` (or
-``refused`` and why); on ``go`` it starts this host's xlarun as a child, a node of the job, and
-watches its standard input.
+``refused`` and why); on ``go`` it starts this host's xlarun as a child, a node of the job (its
+failure records name the host as the plan does: ``XLARUN_REPORT_HOST``), and watches its standard input.
 
 A remote program is not told when its ssh client dies: without a terminal no SIGHUP comes, and
 a silent program runs on, reparented to pid 1. So the agent stops its node when its standard
@@ -34,6 +34,7 @@ from xlarun.host.ports import free_port
 from xlarun.remote.checks import check_host
 from xlarun.remote.plan import HostPlan
 from xlarun.remote.protocol import END, GO, READY, REFUSED, STOP, AgentReport, read_order
+from xlarun.supervision.report import REPORT_HOST_VARIABLE
 
 SUMMARY_NAME = "summary.json"
 
@@ -173,7 +174,9 @@ def run_node(plan: HostPlan, go: dict[str, Any], watch: Watch) -> int:
     summary_path = os.path.join(private, SUMMARY_NAME)
     argv = [sys.executable, "-m", "xlarun", f"--summary-file={summary_path}",
             *plan.node_argv(go["master_addr"], go.get("master_port"))]
-    node = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env={**os.environ, **plan.env})
+    # The report names the host as the user named it, as the console's prefixes do.
+    env = {**os.environ, **plan.env, REPORT_HOST_VARIABLE: plan.host}
+    node = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)
     stops = 0
     while node.poll() is None:
         for order in watch.next_orders(0.1):

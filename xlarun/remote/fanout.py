@@ -7,7 +7,10 @@ per failing host, every other one told to stop, exit 1.
 
 Then the loop relays each host's output line by line, stdout to stdout and stderr to stderr (each
 line whole, as the host's node wrote it: with ``--tee`` its workers' lines carry their
-``host:rank`` prefix), sends heartbeats, and waits for every host's ``end``. A worker failing on
+``host:rank`` prefix), sends heartbeats, and waits for every host's ``end``. Every node learns the
+job's root cause through the rendezvous and prints the failure report, so the console shows one:
+each node's report is held back (:class:`HeldReport`), and the one of the node that holds the root
+cause (by its summary), else node 0's, is relayed once. A worker failing on
 any host stops every host through the rendezvous; SIGINT or SIGTERM sends ``stop`` to every host
 and exits 128+N once every host reported its workers gone; a second one closes every agent's
 input (each kills its node). A transport that exits without its agent's ``end`` is a lost host:
@@ -42,6 +45,7 @@ from xlarun.remote.protocol import (
     read_report,
     stop_line,
 )
+from xlarun.supervision.report import RULE
 from xlarun.supervision.signals import SignalInbox
 
 STDERR_LINES_KEPT = 5
@@ -50,6 +54,49 @@ LOST_EXIT_CODE = 1
 STOPPED_AFTER_FAILURE_S = 10.0
 """How long the other hosts get to end by themselves (the rendezvous tells them) after one host's node
 failed, before they are told to stop."""
+
+
+class HeldReport:
+    """A node's stderr lines on their way to the console, its failure report held back whole.
+
+    The report is the lines from one of :data:`~xlarun.supervision.report.RULE` alone to the next (its
+    traceback lines are indented, so no worker text closes it early), with the blank lines just before
+    it; blank lines are held until a line that is not a report's follows them.
+    """
+
+    def __init__(self) -> None:
+        self.blank_lines = 0
+        self.arriving: list[bytes] | None = None
+        self.report: bytes | None = None
+        """The last whole report, until it is taken."""
+
+    def feed(self, line: bytes) -> bytes:
+        """What to relay now, ``line`` (one whole line) being the stream's next."""
+        text = line.rstrip(b"\r\n")
+        opens_or_closes = bool(text) and not text.strip(RULE.encode())
+        if self.arriving is not None:
+            self.arriving.append(line)
+            if opens_or_closes:
+                self.report, self.arriving = b"".join(self.arriving), None
+            return b""
+        if opens_or_closes:
+            self.arriving, self.blank_lines = [b"\n" * self.blank_lines, line], 0
+            return b""
+        if not text.strip():
+            self.blank_lines += 1
+            return b""
+        held, self.blank_lines = b"\n" * self.blank_lines, 0
+        return held + line
+
+    def end(self) -> bytes:
+        """At the stream's end: what is still held that is not a whole report (blank lines, a report cut short)."""
+        rest = b"\n" * self.blank_lines + b"".join(self.arriving or [])
+        self.blank_lines, self.arriving = 0, None
+        return rest
+
+    def take(self) -> bytes | None:
+        report, self.report = self.report, None
+        return report
 
 
 @dataclass
@@ -69,6 +116,13 @@ class Host:
     end: dict[str, Any] | None = None
     exit_status: int | None = None
     stop_sent: bool = False
+    stderr: HeldReport = field(default_factory=HeldReport)
+
+    @property
+    def holds_root_cause(self) -> bool:
+        """Its node's summary says the root cause failed on this node."""
+        cause = ((self.end or {}).get("summary") or {}).get("root_cause")
+        return isinstance(cause, dict) and cause.get("node_rank") == self.plan.node_rank
 
     @property
     def gone(self) -> bool:
@@ -111,6 +165,7 @@ class FanOut:
         self.failed: list[str] = []
         self.go_sent = False
         self.first_failure_at: float | None = None
+        self.report_shown = False
 
     def run(self) -> int:
         with SignalInbox(self.stop_signals) as inbox:
@@ -215,6 +270,8 @@ class FanOut:
             rest = host.partial.pop(fd, b"")
             if rest:
                 self.line(host, target, rest + b"\n")
+            if target == 2:
+                console(2).write(host.stderr.end())
             self.selector.unregister(fd)
             host.open_streams -= 1
             return
@@ -228,17 +285,31 @@ class FanOut:
             if target == 2 and host.ready is None:
                 # The transport's or the agent's own words before the node runs: kept for the host's one line.
                 host.stderr_tail = [*host.stderr_tail, line.decode(errors="replace").strip()][-STDERR_LINES_KEPT:]
+            elif target == 2:
+                console(2).write(host.stderr.feed(host_line(host.plan.host, line)))
+                self.show_report(host)
             else:
-                console(target).write(host_line(host.plan.host, line))
+                console(1).write(host_line(host.plan.host, line))
         elif report.kind == READY:
             host.ready = report.data
         elif report.kind == REFUSED:
             host.refused = str(report.data.get("reason", "refused"))
         elif report.kind == END:
             host.end = report.data
+            self.show_report(host)
             if report.data.get("stopped_because"):
                 # The agent stopped its node on its own: the launcher was frozen, or its input closed.
                 say(f"host {host.plan.host}: {report.data['stopped_because']}: its workers were stopped")
+
+    def show_report(self, host: Host, fallback: bool = False) -> None:
+        """Relay ``host``'s failure report, where it has one whole, none was shown yet, and its node holds the
+        root cause (or, ``fallback``, at the job's end: any node's)."""
+        if self.report_shown or not (host.holds_root_cause or fallback):
+            return
+        report = host.stderr.take()
+        if report is not None:
+            self.report_shown = True
+            console(2).write(report)
 
     def on_exit(self, host: Host) -> None:
         assert host.process
@@ -307,6 +378,8 @@ class FanOut:
             code = LOST_EXIT_CODE
         else:
             code = next((host.end["exit_code"] for host in self.hosts if host.end and host.end.get("exit_code")), 0)
+        for host in self.hosts:  # no node said it holds the root cause: node 0's report, else the first
+            self.show_report(host, fallback=True)
         root = self.root_cause() if code and self.signal_code is None and not self.failed else None
         if root is not None:
             say(f"root cause: host {root['host']}, {root['what']}")
@@ -315,16 +388,15 @@ class FanOut:
 
     def root_cause(self) -> dict[str, Any] | None:
         """The failing worker as the first host's summary that names one tells it (every node learns the root
-        cause through the rendezvous): its host, by the node rank it ran on, and its rank."""
+        cause through the rendezvous): its host (as the user named it: each node's records say so), its node
+        rank and its rank."""
         for host in self.hosts:
             summary = (host.end or {}).get("summary") or {}
             cause = summary.get("root_cause")
             if isinstance(cause, dict) and "rank" in cause:
-                node_rank = cause.get("node_rank", host.plan.node_rank)
-                where = next((other.plan.host for other in self.hosts if other.plan.node_rank == node_rank),
-                             host.plan.host)
                 what = f"rank {cause['rank']} (exit status {cause.get('exit_status')})"
-                return {"host": where, "node_rank": node_rank, "rank": cause["rank"], "what": what}
+                return {"host": cause.get("host"), "node_rank": cause.get("node_rank"), "rank": cause["rank"],
+                        "what": what}
         return None
 
     def write_summary(self, code: int, root: dict[str, Any] | None) -> None:

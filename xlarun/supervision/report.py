@@ -40,6 +40,13 @@ _CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
 reach the terminal and could rewrite it), and lone surrogates, which JSON can carry but no terminal shows."""
 
 
+REPORT_HOST_VARIABLE = "XLARUN_REPORT_HOST"
+"""The name a failure record gives this node's host, where set: a job on several hosts sets it to the host
+as the user named it (several hosts may report one hostname); else the host's fully qualified name."""
+RULE = "="
+"""The character of the report's first and last lines: a line of nothing else opens or closes a report."""
+
+
 def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> FailureRecord:
     """A failed worker's record. The traceback is the worker's error file (``@record``), else the signal that killed
     it, else the last Python traceback it wrote to stderr, else its last stderr lines (:func:`stderr_excerpt`):
@@ -57,7 +64,8 @@ def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> Fai
         text = stderr_excerpt(result.stderr_tail) or NOT_AVAILABLE
     return FailureRecord(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
                          time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
-                         host=socket.getfqdn(), error_file=result.error_file if recorded else NOT_AVAILABLE,
+                         host=os.environ.get(REPORT_HOST_VARIABLE) or socket.getfqdn(),
+                         error_file=result.error_file if recorded else NOT_AVAILABLE,
                          traceback=keep_end(text.rstrip("\n")), node_rank=node_rank, nnodes=nnodes, reason=reason,
                          peak_rss_mib=result.peak_rss_mib)
 
@@ -104,8 +112,8 @@ def format_report(name: str, failures: list[FailureRecord], lost: LostNode | Non
         blocks.insert(0, f"  {lost.message}")
     width = min(MAX_WIDTH, max([len(title)] + [len(line) for block in blocks for line in block.split("\n")]))
     others = "\n".join(blocks[1:]) or "  <NO_OTHER_FAILURES>"
-    return "\n".join(["", "=" * width, title, "-" * width, "Failures:", others, "-" * width,
-                      "Root Cause (first observed failure):", blocks[0], "=" * width])
+    return "\n".join(["", RULE * width, title, "-" * width, "Failures:", others, "-" * width,
+                      "Root Cause (first observed failure):", blocks[0], RULE * width])
 
 
 def print_root_cause(end: RunEnd, script: str) -> None:
@@ -160,12 +168,14 @@ class RunSummary:
             for r in results], **(nodes or {})})
 
     def record(self, end: RunEnd, events_dropped: int | None = None) -> dict[str, Any]:
-        """The file's JSON object: the run, how it ended, its attempts; with an event sink
+        """The file's JSON object: the run, how it ended (with the failures the report lists after the root
+        cause: a job on several hosts gathers every node's), its attempts; with an event sink
         (``--event-log``), ``events_dropped``: the events a sink never took."""
         return {"run_id": self.run_id, "exit_code": end.exit_code, "result": end.result, "restarts": self.restarts,
                 "launcher_signal": None if end.launcher_signal is None else signal_name(end.launcher_signal),
                 "error": end.error,
                 "root_cause": None if end.root_cause is None else root_cause_record(end.root_cause),
+                "other_failures": [root_cause_record(failure) for failure in end.other_failures],
                 "attempts": self.attempts,
                 **({} if events_dropped is None else {"events_dropped": events_dropped})}
 
