@@ -96,6 +96,9 @@ def test_a_failing_rank_stops_every_host_with_its_exit_code(start: Callable[...,
     assert time.monotonic() - failed_at < FAST_EXIT_S, run.stderr
     report = [line for line in run.stderr.splitlines() if "h2" in line and re.search(r"\brank 3\b", line)]
     assert report, run.stderr
+    # One report on the console, its host the ssh alias (both hosts are this machine, one hostname).
+    one_line(run.stderr, "Root Cause (first observed failure):")
+    assert one_line(run.stderr, "host      :") == "  host      : h2 (node_rank: 1)", run.stderr
     job.assert_gone_within(5, "rank 3 exited 7")
 
 
