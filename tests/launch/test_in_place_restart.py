@@ -157,7 +157,7 @@ def test_a_node_restarted_before_the_store_host_joins_the_stores_next_launch(nod
 
 # --- c10d: the first launch's rendezvous, closing ---------------------------------------------------------
 
-CLOSING_CONF = "heartbeat_timeout=30,join_timeout=40"
+CLOSING_CONF = "heartbeat_timeout=12,join_timeout=20"
 
 
 def finished_first_launch(nodes: Nodes, tmp_path: Path, port: int) -> tuple[subprocess.Popen, dist.TCPStore]:
@@ -214,6 +214,6 @@ def test_a_c10d_node_finding_only_the_finished_first_launch_fails_in_one_line(no
     run = finish(new_1)
     assert run.returncode == 1, run.stderr
     assert lines(run) == [f"xlarun: found only a finished job of run id {RUN_ID!r} at {HOST}:{port}: it ended "
-                          "before this node came, and no next launch of it came within the join timeout (40 s)"], \
+                          "before this node came, and no next launch of it came within the join timeout (20 s)"], \
         run.stderr
     assert not list(out_dir.glob("*.json"))
