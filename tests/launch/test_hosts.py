@@ -114,6 +114,15 @@ def test_the_report_names_the_host_as_the_user_named_it(start: Callable[..., Job
     assert [node["root_cause"]["host"] for node in nodes] == [HOSTS[1], HOSTS[1]]
 
 
+def test_a_hang_names_the_host_of_each_nodes_stacks_as_the_user_named_it(start: Callable[..., Job],
+                                                                          out_dir: Path) -> None:
+    """Rank 3, on the second host, never reaches its all-reduce: the hang's lines name where each node's
+    stacks are by the host as ``--hosts`` names it, not by the name the hosts' shared machine gives itself."""
+    run = start("--hang-timeout", 3, worker("hang_rank.py"), out_dir, 3).finish()
+    assert run.returncode == 124, run.stderr
+    assert f"every thread's stack on node 1 ({HOSTS[1]}): " in run.stderr, run.stderr
+
+
 @pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_stop_signal_stops_every_host_before_the_launcher_exits(start: Callable[..., Job], out_dir: Path,
                                                                   stop: int, code: int) -> None:

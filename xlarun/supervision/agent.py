@@ -19,7 +19,6 @@ import dataclasses
 import os
 import re
 import selectors
-import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -40,7 +39,7 @@ from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.logs import make_run_log_dir, plan_attempt_logs, plan_worker_logs
 from xlarun.supervision.process import WorkerSpec
 from xlarun.supervision.relay import step_log_on
-from xlarun.supervision.report import RunSummary, failure_of, print_root_cause, root_cause_record
+from xlarun.supervision.report import RunSummary, failure_of, host_name, print_root_cause, root_cause_record
 from xlarun.supervision.signals import SUSPEND_SIGNAL, SignalInbox, suspend_self
 
 T = TypeVar("T")
@@ -312,7 +311,7 @@ STACKS_WAIT = 10.0
 
 
 def node_stacks(node: NodeAssignment, hang: Hang) -> NodeStacks:
-    return NodeStacks(node_rank=node.node_rank, host=socket.gethostname(), positions=hang.positions,
+    return NodeStacks(node_rank=node.node_rank, host=host_name(), positions=hang.positions,
                       stacks_files=hang.stacks_files)
 
 

@@ -43,6 +43,13 @@ reach the terminal and could rewrite it), and lone surrogates, which JSON can ca
 REPORT_HOST_VARIABLE = "XLARUN_REPORT_HOST"
 """The name a failure record gives this node's host, where set: a job on several hosts sets it to the host
 as the user named it (several hosts may report one hostname); else the host's fully qualified name."""
+
+
+def host_name() -> str:
+    """This node's host as its failure records and stacks name it (see :data:`REPORT_HOST_VARIABLE`)."""
+    return os.environ.get(REPORT_HOST_VARIABLE) or socket.getfqdn()
+
+
 RULE = "="
 """The character of the report's first and last lines: a line of nothing else opens or closes a report."""
 
@@ -64,7 +71,7 @@ def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> Fai
         text = stderr_excerpt(result.stderr_tail) or NOT_AVAILABLE
     return FailureRecord(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
                          time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
-                         host=os.environ.get(REPORT_HOST_VARIABLE) or socket.getfqdn(),
+                         host=host_name(),
                          error_file=result.error_file if recorded else NOT_AVAILABLE,
                          traceback=keep_end(text.rstrip("\n")), node_rank=node_rank, nnodes=nnodes, reason=reason,
                          peak_rss_mib=result.peak_rss_mib)
