@@ -9,7 +9,7 @@
 #      .venv-next  the newest torch that installs here, with torch_tpu and libtpu and no torch_xla:
 #                  its unit layer and every launch test that needs no torch_xla and could differ
 #                  from one torch release to the next (markers torch_xla, release_matrix, examples,
-#                  slurm, ssh and torch_free left out, whatever -m selects), with device backends not
+#                  slurm, fan_out and torch_free left out, whatever -m selects), with device backends not
 #                  autoloaded except where a test asks for them;
 #   3. the wheel: built, installed into a fresh virtual environment, and run from there
 #      (scripts/check-wheel.sh: xlarun --version and a two-worker launch).
@@ -75,7 +75,7 @@ run_pytest() {
     case "$stack" in
         xla) XLARUN_TESTS_LEAVE_OUT=$leave_out .venv/bin/python -m pytest "$@" ;;
         next) TORCH_DEVICE_BACKEND_AUTOLOAD=0 \
-                  XLARUN_TESTS_LEAVE_OUT=torch_xla,release_matrix,examples,slurm,ssh,torch_free${leave_out:+,$leave_out} \
+                  XLARUN_TESTS_LEAVE_OUT=torch_xla,release_matrix,examples,slurm,fan_out,torch_free${leave_out:+,$leave_out} \
                   .venv-next/bin/python -m pytest "$@" ;;
     esac
 }

@@ -15,7 +15,8 @@
 
 Every test under ``tests/unit/`` carries the ``unit`` marker (in-process, no launcher started)
 and every test under ``tests/launch/`` the ``launch`` marker (real processes), given here by
-folder; the launch files of :data:`TORCH_FREE` carry ``torch_free`` as well.
+folder; the launch files of :data:`TORCH_FREE` carry ``torch_free`` as well, and those of
+:data:`FAN_OUT` ``fan_out``.
 """
 
 from __future__ import annotations
@@ -51,6 +52,15 @@ TORCH_FREE = frozenset({
 package decides (a refusal made before the device plan, signals, exit codes, faults, orphans,
 restarts, hostile error files: plain Python workers): a second stack with another torch release
 could not make them differ, so scripts/test.sh runs them on one."""
+FAN_OUT = frozenset({
+    "test_hosts.py",
+    "test_hosts_preflight.py",
+    "test_hosts_ssh.py",
+    "test_tpu_pod.py",
+})
+"""The launch files of jobs on several hosts from one command: the launcher's side (the fan-out) imports
+no torch, and each host runs the node that the multi-node tests run on both stacks, so scripts/test.sh
+runs them on one."""
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -125,7 +135,7 @@ def ssh_hosts() -> Iterator[SshHosts]:
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the layers by folder and the launch files of :data:`TORCH_FREE`, leave out the markers ``XLARUN_TESTS_LEAVE_OUT`` names, and
+    """Mark the layers by folder and the launch files of :data:`TORCH_FREE` and :data:`FAN_OUT`, leave out the markers ``XLARUN_TESTS_LEAVE_OUT`` names, and
     refuse a test that uses ``slurm_env`` without the ``slurm`` marker (or ``ssh_hosts`` without
     ``ssh``): ``-m "not slurm"`` would select it and start the cluster that the marker promises to
     leave alone.
@@ -141,6 +151,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.launch)
             if item.path.name in TORCH_FREE:
                 item.add_marker(pytest.mark.torch_free)
+            if item.path.name in FAN_OUT:
+                item.add_marker(pytest.mark.fan_out)
     left_out = {marker for marker in os.environ.get("XLARUN_TESTS_LEAVE_OUT", "").split(",") if marker}
     kept: list[pytest.Item] = []
     dropped: list[pytest.Item] = []
