@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import signal
 import socket
@@ -178,10 +179,25 @@ def worker(name: str) -> str:
     return str(WORKERS / name)
 
 
+LOWEST_FREE_PORT = 10000
+EPHEMERAL_PORTS = Path("/proc/sys/net/ipv4/ip_local_port_range")
+"""The range the kernel takes a port from for an outgoing connection or a ``bind`` to port 0."""
+
+
 def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
+    """A port nothing holds now, below the kernel's ephemeral range. A test hands it to a launcher that
+    binds it a few seconds later (torchrun first imports torch); a port of the ephemeral range may meanwhile
+    be taken by any connection on the machine (a worker's, another test run's), which fails the bind with
+    EADDRINUSE. Picked at random, so that two test runs side by side rarely try the same one."""
+    below = int(EPHEMERAL_PORTS.read_text().split()[0])
+    while True:
+        port = random.randrange(LOWEST_FREE_PORT, below)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", port))
+            except OSError:
+                continue
+        return port
 
 
 def wait_for(check: Callable[[], object], what: str, timeout: float = WAIT_TIMEOUT_S) -> None:
