@@ -119,10 +119,15 @@ class Host:
     stderr: HeldReport = field(default_factory=HeldReport)
 
     @property
+    def root_cause(self) -> dict[str, Any] | None:
+        """The job's root cause as its node's summary records it (a failing worker's has its ``rank``)."""
+        cause = ((self.end or {}).get("summary") or {}).get("root_cause")
+        return cause if isinstance(cause, dict) else None
+
+    @property
     def holds_root_cause(self) -> bool:
         """Its node's summary says the root cause failed on this node."""
-        cause = ((self.end or {}).get("summary") or {}).get("root_cause")
-        return isinstance(cause, dict) and cause.get("node_rank") == self.plan.node_rank
+        return self.root_cause is not None and self.root_cause.get("node_rank") == self.plan.node_rank
 
     @property
     def gone(self) -> bool:
@@ -391,9 +396,8 @@ class FanOut:
         cause through the rendezvous): its host (as the user named it: each node's records say so), its node
         rank and its rank."""
         for host in self.hosts:
-            summary = (host.end or {}).get("summary") or {}
-            cause = summary.get("root_cause")
-            if isinstance(cause, dict) and "rank" in cause:
+            cause = host.root_cause
+            if cause is not None and "rank" in cause:
                 what = f"rank {cause['rank']} (exit status {cause.get('exit_status')})"
                 return {"host": cause.get("host"), "node_rank": cause.get("node_rank"), "rank": cause["rank"],
                         "what": what}
