@@ -22,8 +22,10 @@ def main() -> None:
     value = torch.tensor([float(rank)])
     dist.all_reduce(value)
     # One write per line: workers share the console, and print() writes text and newline apart.
-    sys.stdout.write(f"rank={rank} world={world} sum={int(value.item())} host={os.uname().nodename} "
-                     f"local_rank={os.environ['LOCAL_RANK']}\n")
+    sys.stdout.write(
+        f"rank={rank} world={world} sum={int(value.item())} host={os.uname().nodename} "
+        f"local_rank={os.environ['LOCAL_RANK']}\n"
+    )
     sys.stdout.flush()
     dist.destroy_process_group()
 

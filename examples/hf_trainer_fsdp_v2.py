@@ -76,8 +76,15 @@ class FsdpV2Trainer(Trainer):
 
 
 def tiny_llama() -> LlamaForCausalLM:
-    config = LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=64)
+    config = LlamaConfig(
+        vocab_size=256,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=64,
+    )
     torch.manual_seed(0)
     return LlamaForCausalLM(config)
 
@@ -85,16 +92,19 @@ def tiny_llama() -> LlamaForCausalLM:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2)
-    parser.add_argument("--batch-per-device", type=int, default=2,
-                        help="sequences per device and step; the global batch is this times the device count")
+    parser.add_argument(
+        "--batch-per-device",
+        type=int,
+        default=2,
+        help="sequences per device and step; the global batch is this times the device count",
+    )
     parser.add_argument("--sequence-length", type=int, default=32)
     parser.add_argument("--output-dir", default=None, help="checkpoints and logs (default: a temporary directory)")
     args = parser.parse_args()
 
     devices = xr.global_runtime_device_count()
     model = tiny_llama()
-    dataset = RandomTokens(args.steps * args.batch_per_device * devices, args.sequence_length,
-                           model.config.vocab_size)
+    dataset = RandomTokens(args.steps * args.batch_per_device * devices, args.sequence_length, model.config.vocab_size)
 
     with tempfile.TemporaryDirectory() as scratch:
         training = TrainingArguments(
@@ -116,11 +126,16 @@ def main() -> None:
         result = trainer.train()
 
     query = trainer.model.module.model.layers[0].self_attn.q_proj.weight
-    print(json.dumps({
-        "devices": devices,
-        "train_loss": result.training_loss,
-        "q_proj_sharding": torch_xla._XLAC._get_xla_sharding_spec(query),
-    }), flush=True)
+    print(
+        json.dumps(
+            {
+                "devices": devices,
+                "train_loss": result.training_loss,
+                "q_proj_sharding": torch_xla._XLAC._get_xla_sharding_spec(query),
+            }
+        ),
+        flush=True,
+    )
 
 
 if __name__ == "__main__":

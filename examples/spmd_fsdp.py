@@ -72,8 +72,7 @@ def main() -> None:
         torch_xla.sync()
         losses.append(loss.item())
 
-    shardings = {name: torch_xla._XLAC._get_xla_sharding_spec(param)
-                 for name, param in model.named_parameters()}
+    shardings = {name: torch_xla._XLAC._get_xla_sharding_spec(param) for name, param in model.named_parameters()}
     print(json.dumps({"devices": device_count, "losses": losses, "shardings": shardings}), flush=True)
 
 

@@ -35,8 +35,9 @@ def join(how: str) -> None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--init", choices=("xlarun", "torch"), default="xlarun",
-                        help="which init_process_group joins the group")
+    parser.add_argument(
+        "--init", choices=("xlarun", "torch"), default="xlarun", help="which init_process_group joins the group"
+    )
     args = parser.parse_args()
 
     join(args.init)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up both test stacks (see setup-venv.sh), then test in three stages, each only once the one
 # before it passed:
-#   1. the gate, in a minute or two: ruff (lint), mypy (xlarun/, scripts/ and tests/; both
+#   1. the gate, in a minute or two: ruff (lint, and the format checked), mypy (xlarun/, scripts/ and tests/; both
 #      configured in pyproject.toml) and the unit layer (-m unit: in-process, no launcher started)
 #      on the first stack;
 #   2. the launch layer on each stack, the stacks side by side, with the 25 slowest tests printed:
@@ -93,6 +93,7 @@ read -r gate _ <<<"$stacks"
 checker=.venv/bin/python
 [ "$gate" = xla ] || checker=.venv-next/bin/python
 code=0; "$checker" -m ruff check --quiet || code=$?; record "$code" "ruff"
+code=0; "$checker" -m ruff format --check --quiet || code=$?; record "$code" "ruff format"
 code=0; "$checker" -m mypy || code=$?; record "$code" "mypy"
 gate_code=0; run_pytest "$gate" launch "$@" || gate_code=$?
 [ "$gate_code" -eq 5 ] || record "$gate_code" "the unit layer on the $gate stack"

@@ -34,30 +34,34 @@ from sshd import ssh_hosts as private_sshd
 
 UNIT = TESTS / "unit"
 LAUNCH = TESTS / "launch"
-TORCH_FREE = frozenset({
-    "test_bad_input.py",
-    "test_exit_codes.py",
-    "test_faults.py",
-    "test_input_bounds.py",
-    "test_metadata.py",
-    "test_notebook.py",
-    "test_orphans.py",
-    "test_restarts.py",
-    "test_signals.py",
-    "test_stalls.py",
-    "test_untrusted_input.py",
-    "test_worker_hook.py",
-})
+TORCH_FREE = frozenset(
+    {
+        "test_bad_input.py",
+        "test_exit_codes.py",
+        "test_faults.py",
+        "test_input_bounds.py",
+        "test_metadata.py",
+        "test_notebook.py",
+        "test_orphans.py",
+        "test_restarts.py",
+        "test_signals.py",
+        "test_stalls.py",
+        "test_untrusted_input.py",
+        "test_worker_hook.py",
+    }
+)
 """The launch files whose launchers and workers never import torch and whose outcome no installed
 package decides (a refusal made before the device plan, signals, exit codes, faults, orphans,
 restarts, hostile error files: plain Python workers): a second stack with another torch release
 could not make them differ, so scripts/test.sh runs them on one."""
-FAN_OUT = frozenset({
-    "test_hosts.py",
-    "test_hosts_preflight.py",
-    "test_hosts_ssh.py",
-    "test_tpu_pod.py",
-})
+FAN_OUT = frozenset(
+    {
+        "test_hosts.py",
+        "test_hosts_preflight.py",
+        "test_hosts_ssh.py",
+        "test_tpu_pod.py",
+    }
+)
 """The launch files of jobs on several hosts from one command: the launcher's side (the fan-out) imports
 no torch, and each host runs the node that the multi-node tests run on both stacks, so scripts/test.sh
 runs them on one."""
@@ -162,8 +166,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         config.hook.pytest_deselected(items=dropped)
         items[:] = kept
     for fixture, marker in (("slurm_env", "slurm"), ("ssh_hosts", "ssh")):
-        unmarked = [item.nodeid for item in items
-                    if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None]
+        unmarked = [
+            item.nodeid
+            for item in items
+            if fixture in getattr(item, "fixturenames", ()) and item.get_closest_marker(marker) is None
+        ]
         if unmarked:
             raise pytest.UsageError(f"tests using {fixture} need @pytest.mark.{marker}: " + ", ".join(unmarked))
 

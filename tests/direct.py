@@ -22,45 +22,71 @@ WORKER_TIMEOUT_S = 240
 # Variables that decide how a worker joins; a value inherited from the test's
 # own environment would change what the workers do.
 INHERITED_TO_CLEAR = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_RESTART_COUNT", "PJRT_DEVICE",
-    "PJRT_LOCAL_PROCESS_RANK", "PJRT_LOCAL_PROCESS_COUNT", "CPU_NUM_DEVICES", "XLA_USE_SPMD", "XLARUN_SPMD",
-    "XLARUN_LAUNCHED", "XRT_WORKERS", "XRT_DEVICE_MAP", "XRT_MULTI_PROCESSING_DEVICE",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCHELASTIC_RESTART_COUNT",
+    "PJRT_DEVICE",
+    "PJRT_LOCAL_PROCESS_RANK",
+    "PJRT_LOCAL_PROCESS_COUNT",
+    "CPU_NUM_DEVICES",
+    "XLA_USE_SPMD",
+    "XLARUN_SPMD",
+    "XLARUN_LAUNCHED",
+    "XRT_WORKERS",
+    "XRT_DEVICE_MAP",
+    "XRT_MULTI_PROCESSING_DEVICE",
 )
 
 
-def worker_environment(local_rank: int, nproc: int, master_port: int,
-                       agent_store: bool = False, restart_count: int = 0) -> dict[str, str]:
+def worker_environment(
+    local_rank: int, nproc: int, master_port: int, agent_store: bool = False, restart_count: int = 0
+) -> dict[str, str]:
     """What a worker of a one-node xlarun launch on CPU finds in its environment."""
     env = {name: value for name, value in os.environ.items() if name not in INHERITED_TO_CLEAR}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, (str(REPO), os.environ.get("PYTHONPATH"))))
-    env.update({
-        "RANK": str(local_rank),
-        "LOCAL_RANK": str(local_rank),
-        "WORLD_SIZE": str(nproc),
-        "LOCAL_WORLD_SIZE": str(nproc),
-        "GROUP_RANK": "0",
-        "GROUP_WORLD_SIZE": "1",
-        "ROLE_RANK": str(local_rank),
-        "ROLE_WORLD_SIZE": str(nproc),
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(master_port),
-        "TORCHELASTIC_RUN_ID": "worker-test",
-        "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
-        "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-        "PJRT_DEVICE": "CPU",
-        "XLARUN_LAUNCHED": "1",
-    })
+    env.update(
+        {
+            "RANK": str(local_rank),
+            "LOCAL_RANK": str(local_rank),
+            "WORLD_SIZE": str(nproc),
+            "LOCAL_WORLD_SIZE": str(nproc),
+            "GROUP_RANK": "0",
+            "GROUP_WORLD_SIZE": "1",
+            "ROLE_RANK": str(local_rank),
+            "ROLE_WORLD_SIZE": str(nproc),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(master_port),
+            "TORCHELASTIC_RUN_ID": "worker-test",
+            "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "PJRT_DEVICE": "CPU",
+            "XLARUN_LAUNCHED": "1",
+        }
+    )
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
-def run_workers(argv: Sequence[str], nproc: int, *,
-                env_for_rank: Callable[[int], Mapping[str, str]] = lambda rank: {},
-                master_port: int | None = None, agent_store: bool = False,
-                restart_count: int = 0) -> list[subprocess.CompletedProcess]:
+def run_workers(
+    argv: Sequence[str],
+    nproc: int,
+    *,
+    env_for_rank: Callable[[int], Mapping[str, str]] = lambda rank: {},
+    master_port: int | None = None,
+    agent_store: bool = False,
+    restart_count: int = 0,
+) -> list[subprocess.CompletedProcess]:
     """Run ``python argv...`` as ``nproc`` workers of one node and wait for all of them.
 
     ``env_for_rank(local_rank)`` adds to or overrides a worker's environment.
@@ -71,8 +97,16 @@ def run_workers(argv: Sequence[str], nproc: int, *,
         for local_rank in range(nproc):
             env = worker_environment(local_rank, nproc, port, agent_store, restart_count)
             env.update(env_for_rank(local_rank))
-            workers.append(subprocess.Popen([sys.executable, *argv], cwd=REPO, env=env, text=True,
-                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+            workers.append(
+                subprocess.Popen(
+                    [sys.executable, *argv],
+                    cwd=REPO,
+                    env=env,
+                    text=True,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                )
+            )
         results = []
         for worker in workers:
             stdout, stderr = worker.communicate(timeout=WORKER_TIMEOUT_S)

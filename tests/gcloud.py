@@ -32,9 +32,14 @@ class StubGcloud(NamedTuple):
 
 
 def pod_description(ips: Sequence[str], state: str = "READY") -> dict[str, Any]:
-    return {"name": "projects/stub/locations/us-central2-b/nodes/pod", "acceleratorType": "v4-16", "state": state,
-            "networkEndpoints": [{"ipAddress": ip, "port": 8470, "accessConfig": {"externalIp": f"34.0.0.{n}"}}
-                                 for n, ip in enumerate(ips)]}
+    return {
+        "name": "projects/stub/locations/us-central2-b/nodes/pod",
+        "acceleratorType": "v4-16",
+        "state": state,
+        "networkEndpoints": [
+            {"ipAddress": ip, "port": 8470, "accessConfig": {"externalIp": f"34.0.0.{n}"}} for n, ip in enumerate(ips)
+        ],
+    }
 
 
 def stub_gcloud(directory: Path, pods: Mapping[str, Mapping[str, Any]]) -> StubGcloud:

@@ -60,17 +60,44 @@ WAIT_TIMEOUT_S = 60
 
 # What a launcher reads or sets; a value inherited from the test runner would change the run.
 LAUNCHER_VARIABLES = (
-    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-    "ROLE_RANK", "ROLE_NAME", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "OMP_NUM_THREADS",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "PYTHON_EXEC", "PJRT_DEVICE", "CPU_NUM_DEVICES",
-    "XLA_USE_SPMD", "LOGLEVEL",
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "OMP_NUM_THREADS",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "PYTHON_EXEC",
+    "PJRT_DEVICE",
+    "CPU_NUM_DEVICES",
+    "XLA_USE_SPMD",
+    "LOGLEVEL",
 )
 # torchrun's per-worker contract with fixed values (the error file's path has a random part).
 CONTRACT_VARIABLES = (
-    "LOCAL_RANK", "RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
-    "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT",
-    "TORCHELASTIC_MAX_RESTARTS", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE",
-    "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS",
+    "LOCAL_RANK",
+    "RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_USE_AGENT_STORE",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
+    "OMP_NUM_THREADS",
 )
 LAUNCHER_PREFIXES = ("PET_", "TORCHELASTIC_", "XLARUN_", "PJRT_", "XRT_", "SLURM_", "OMPI_", "PMI_", "TPU_")
 
@@ -91,8 +118,11 @@ class Run(NamedTuple):
 
 
 def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items()
-           if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if name not in LAUNCHER_VARIABLES and not name.startswith(LAUNCHER_PREFIXES)
+    }
     # The launcher tests see a host without accelerators wherever they run (device detection
     # has its own tests), so ``--device auto`` means CPU as on a laptop or a CPU CI runner.
     env["XLARUN_HOST_ROOT"] = str(CPU_HOST)
@@ -103,15 +133,31 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def run_command(command: Sequence[str], *, env: Mapping[str, str] | None = None,
-                cwd: os.PathLike | str | None = None, timeout: float = RUN_TIMEOUT_S) -> Run:
-    completed = subprocess.run(list(command), env=clean_env(env), cwd=cwd, capture_output=True, text=True,
-                               stdin=subprocess.DEVNULL, timeout=timeout)
+def run_command(
+    command: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: os.PathLike | str | None = None,
+    timeout: float = RUN_TIMEOUT_S,
+) -> Run:
+    completed = subprocess.run(
+        list(command),
+        env=clean_env(env),
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        stdin=subprocess.DEVNULL,
+        timeout=timeout,
+    )
     return Run(completed.returncode, completed.stdout, completed.stderr)
 
 
-def run_xlarun(*args: object, env: Mapping[str, str] | None = None, cwd: os.PathLike | str | None = None,
-               timeout: float = RUN_TIMEOUT_S) -> Run:
+def run_xlarun(
+    *args: object,
+    env: Mapping[str, str] | None = None,
+    cwd: os.PathLike | str | None = None,
+    timeout: float = RUN_TIMEOUT_S,
+) -> Run:
     """Run xlarun to completion; ``env`` adds to a clean environment."""
     return run_command([*XLARUN, *map(str, args)], env=env, cwd=cwd, timeout=timeout)
 
@@ -127,20 +173,36 @@ def plan(*args: object, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     return json.loads(result.stdout)
 
 
-def run_torchrun(*args: object, env: Mapping[str, str] | None = None, cwd: os.PathLike | str | None = None,
-                 timeout: float = RUN_TIMEOUT_S) -> Run:
+def run_torchrun(
+    *args: object,
+    env: Mapping[str, str] | None = None,
+    cwd: os.PathLike | str | None = None,
+    timeout: float = RUN_TIMEOUT_S,
+) -> Run:
     return run_command([*TORCHRUN, *map(str, args)], env=env, cwd=cwd, timeout=timeout)
 
 
-def start_xlarun(*args: object, env: Mapping[str, str] | None = None,
-                 cwd: os.PathLike | str | None = None, launcher: Sequence[str] = XLARUN) -> subprocess.Popen:
+def start_xlarun(
+    *args: object,
+    env: Mapping[str, str] | None = None,
+    cwd: os.PathLike | str | None = None,
+    launcher: Sequence[str] = XLARUN,
+) -> subprocess.Popen:
     """Start xlarun (or ``launcher``) in the background, its output captured as text; the caller waits for it."""
-    return subprocess.Popen([*launcher, *map(str, args)], env=clean_env(env), cwd=cwd, stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [*launcher, *map(str, args)],
+        env=clean_env(env),
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
-def start_torchrun(*args: object, env: Mapping[str, str] | None = None,
-                   cwd: os.PathLike | str | None = None) -> subprocess.Popen:
+def start_torchrun(
+    *args: object, env: Mapping[str, str] | None = None, cwd: os.PathLike | str | None = None
+) -> subprocess.Popen:
     return start_xlarun(*args, env=env, cwd=cwd, launcher=TORCHRUN)
 
 
@@ -150,16 +212,29 @@ def recorded_signals(out_dir: Path, rank: int) -> list[str]:
     return path.read_text().split() if path.exists() else []
 
 
-def start_signal_recorders(out_dir: Path, launcher_args: Sequence[object] = (), worker_flags: Sequence[str] = (),
-                           *, env: Mapping[str, str] | None = None,
-                           start: Callable[..., subprocess.Popen] = start_xlarun) -> subprocess.Popen:
+def start_signal_recorders(
+    out_dir: Path,
+    launcher_args: Sequence[object] = (),
+    worker_flags: Sequence[str] = (),
+    *,
+    env: Mapping[str, str] | None = None,
+    start: Callable[..., subprocess.Popen] = start_xlarun,
+) -> subprocess.Popen:
     """Two recording workers under ``start``'s launcher, started and ready for signals.
 
     ``launcher_args`` must give the port (``--master-port``). They run in ``out_dir``: a worker
     ended by SIGQUIT may leave a core file in its cwd.
     """
-    launcher = start("--nproc_per_node", "2", *launcher_args, worker("signal_recorder.py"), out_dir,
-                     *worker_flags, env=env, cwd=out_dir)
+    launcher = start(
+        "--nproc_per_node",
+        "2",
+        *launcher_args,
+        worker("signal_recorder.py"),
+        out_dir,
+        *worker_flags,
+        env=env,
+        cwd=out_dir,
+    )
     wait_for(files_exist(out_dir / "0.ready", out_dir / "1.ready"), "workers to install their handlers")
     return launcher
 

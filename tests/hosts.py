@@ -91,8 +91,18 @@ class Job:
     def __init__(self, hosts: list[object], out_dir: Path, *args: object, env: dict[str, str] | None = None) -> None:
         self.run_id = f"hosts-{secrets.token_hex(6)}"
         self.out_dir = out_dir
-        self.process = start_xlarun(*hosts, "--nproc-per-node", NPROC, "--rdzv-id", self.run_id,
-                                    "--env", f"{JOB_VARIABLE}={self.run_id}", *args, env=env, cwd=out_dir)
+        self.process = start_xlarun(
+            *hosts,
+            "--nproc-per-node",
+            NPROC,
+            "--rdzv-id",
+            self.run_id,
+            "--env",
+            f"{JOB_VARIABLE}={self.run_id}",
+            *args,
+            env=env,
+            cwd=out_dir,
+        )
 
     def wait_for_workers(self, count: int = WORKERS) -> list[int]:
         """The pids of ``faults.py``'s ranks once all ``count`` recorded them; fails at once where the

@@ -58,8 +58,11 @@ class Served(NamedTuple):
 def slice_attributes(worker: int, ips: list[str], tpu_env: str = V4_16_TPU_ENV) -> dict[str, str]:
     """What VM ``worker`` of a slice whose hosts have addresses ``ips`` serves."""
     endpoints = ",".join(f"unknown:unknown:{ip}" for ip in ips)
-    return {"agent-worker-number": str(worker), "worker-network-endpoints": endpoints,
-            "tpu-env": tpu_env.format(worker=worker)}
+    return {
+        "agent-worker-number": str(worker),
+        "worker-network-endpoints": endpoints,
+        "tpu-env": tpu_env.format(worker=worker),
+    }
 
 
 @contextmanager
@@ -149,8 +152,9 @@ def _skip_unless_the_resolver_reads(aliases: Path) -> None:
         looked_up.set()
 
     def opened() -> int:
-        return sum(os.path.realpath(f"/proc/self/fd/{fd}") == os.path.realpath(aliases)
-                   for fd in os.listdir("/proc/self/fd"))
+        return sum(
+            os.path.realpath(f"/proc/self/fd/{fd}") == os.path.realpath(aliases) for fd in os.listdir("/proc/self/fd")
+        )
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("HOSTALIASES", str(aliases))

@@ -26,13 +26,33 @@ WARNING = "xlarun: warning: "
 
 
 def static(port: int, node_rank: int, nnodes: int, nproc: int) -> list[str]:
-    return ["--nnodes", str(nnodes), "--node_rank", str(node_rank), "--master_addr", HOST,
-            "--master_port", str(port), "--nproc_per_node", str(nproc)]
+    return [
+        "--nnodes",
+        str(nnodes),
+        "--node_rank",
+        str(node_rank),
+        "--master_addr",
+        HOST,
+        "--master_port",
+        str(port),
+        "--nproc_per_node",
+        str(nproc),
+    ]
 
 
 def c10d(port: int, run_id: str, nnodes: str | int, nproc: int) -> list[str]:
-    return ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"{HOST}:{port}", "--rdzv_id", run_id,
-            "--nnodes", str(nnodes), "--nproc_per_node", str(nproc)]
+    return [
+        "--rdzv_backend",
+        "c10d",
+        "--rdzv_endpoint",
+        f"{HOST}:{port}",
+        "--rdzv_id",
+        run_id,
+        "--nnodes",
+        str(nnodes),
+        "--nproc_per_node",
+        str(nproc),
+    ]
 
 
 class Nodes:
@@ -76,8 +96,10 @@ class Nodes:
 
 def both(runs: Sequence[Run]) -> str:
     """Every node's output, for assertion messages."""
-    return "\n".join(f"--- node {index} (exit {run.returncode})\nstdout:\n{run.stdout}\nstderr:\n{run.stderr}"
-                     for index, run in enumerate(runs))
+    return "\n".join(
+        f"--- node {index} (exit {run.returncode})\nstdout:\n{run.stdout}\nstderr:\n{run.stderr}"
+        for index, run in enumerate(runs)
+    )
 
 
 def without_warnings(text: str) -> str:
@@ -90,8 +112,11 @@ def lines(run: Run) -> list[str]:
 
 def listeners(port: int) -> list[tuple[str, int]]:
     """(address, pid) of every TCP socket listening on ``port``."""
-    return [(connection.laddr.ip, connection.pid) for connection in psutil.net_connections(kind="tcp")
-            if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port]
+    return [
+        (connection.laddr.ip, connection.pid)
+        for connection in psutil.net_connections(kind="tcp")
+        if connection.status == psutil.CONN_LISTEN and connection.laddr.port == port
+    ]
 
 
 def kill_machine(pid: int) -> list[int]:

@@ -106,19 +106,29 @@ class Kernel:
         self.token = uuid.uuid4().hex
         spec = workdir / "kernels" / KERNEL_NAME
         spec.mkdir(parents=True)
-        (spec / "kernel.json").write_text(json.dumps({
-            "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
-            "display_name": "xlarun tests", "language": "python"}))
+        (spec / "kernel.json").write_text(
+            json.dumps(
+                {
+                    "argv": [sys.executable, "-m", "ipykernel_launcher", "-f", "{connection_file}"],
+                    "display_name": "xlarun tests",
+                    "language": "python",
+                }
+            )
+        )
         self.workdir = workdir
-        self.manager = KernelManager(kernel_name=KERNEL_NAME, connection_file=str(workdir / "connection.json"),
-                                     kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(workdir / "kernels")]))
+        self.manager = KernelManager(
+            kernel_name=KERNEL_NAME,
+            connection_file=str(workdir / "connection.json"),
+            kernel_spec_manager=KernelSpecManager(kernel_dirs=[str(workdir / "kernels")]),
+        )
         self.client: Any = None
 
     def start(self) -> None:
         # ipykernel forwards what its child processes write to fds 1 and 2 into the cell, except
         # under pytest (PYTEST_CURRENT_TEST set): the kernel runs as in a notebook, without it.
-        env = {name: value for name, value in clean_env({RUN_MARKER: self.token}).items()
-               if name != "PYTEST_CURRENT_TEST"}
+        env = {
+            name: value for name, value in clean_env({RUN_MARKER: self.token}).items() if name != "PYTEST_CURRENT_TEST"
+        }
         self.manager.start_kernel(env=env, cwd=str(self.workdir))
         self._connect()
 
@@ -140,8 +150,7 @@ class Kernel:
         """Start a cell and return at once; :meth:`wait` follows it."""
         return Cell(self.client.execute(code))
 
-    def wait(self, cell: Cell, until: Callable[[Cell], bool] | None = None,
-             timeout: float = CELL_TIMEOUT_S) -> Cell:
+    def wait(self, cell: Cell, until: Callable[[Cell], bool] | None = None, timeout: float = CELL_TIMEOUT_S) -> Cell:
         """Read the cell's messages until it is done (or ``until`` holds)."""
         deadline = time.monotonic() + timeout
         while not cell.done and not (until and until(cell)):

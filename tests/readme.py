@@ -101,8 +101,9 @@ def headings(text: str) -> list[tuple[int, str]]:
 
 def headings_by_line(text: str) -> dict[int, tuple[int, str]]:
     """The page's headings as (level, title), by the index of their line."""
-    return {index: (len(match[1]), match[2].strip()) for index, line in prose_lines(text)
-            if (match := HEADING.match(line))}
+    return {
+        index: (len(match[1]), match[2].strip()) for index, line in prose_lines(text) if (match := HEADING.match(line))
+    }
 
 
 def anchor(title: str) -> str:
@@ -130,8 +131,10 @@ def section(title: str) -> str:
         by_line = headings_by_line("\n".join(lines))
         for start, (level, heading) in by_line.items():
             if heading == title:
-                end = min((index for index, (other, _) in by_line.items() if index > start and other <= level),
-                          default=len(lines))
+                end = min(
+                    (index for index, (other, _) in by_line.items() if index > start and other <= level),
+                    default=len(lines),
+                )
                 found.append("\n".join(lines[start:end]))
     assert len(found) == 1, f"{len(found)} sections of the manual are headed {title!r}"
     return found[0]

@@ -60,8 +60,9 @@ def slurm_cluster() -> Iterator[dict[str, str]]:
 
 def _start() -> dict[str, str]:
     try:
-        started = subprocess.run([str(SCRIPT), "start"], capture_output=True, text=True,
-                                 stdin=subprocess.DEVNULL, timeout=START_TIMEOUT_S)
+        started = subprocess.run(
+            [str(SCRIPT), "start"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=START_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired as timeout:
         _failed(f"{SCRIPT.name} start still running after {START_TIMEOUT_S} s:\n{_text(timeout.stderr)}")
     if started.returncode == CANNOT_HOST:
@@ -83,11 +84,13 @@ def _stop_unless_in_use(sessions: IO[str]) -> None:
     except BlockingIOError:
         return
     try:
-        stopped = subprocess.run([str(SCRIPT), "stop"], capture_output=True, text=True,
-                                 stdin=subprocess.DEVNULL, timeout=STOP_TIMEOUT_S)
+        stopped = subprocess.run(
+            [str(SCRIPT), "stop"], capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=STOP_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired as timeout:
-        pytest.fail(f"{SCRIPT.name} stop still running after {STOP_TIMEOUT_S} s:\n{_text(timeout.stderr)}",
-                    pytrace=False)
+        pytest.fail(
+            f"{SCRIPT.name} stop still running after {STOP_TIMEOUT_S} s:\n{_text(timeout.stderr)}", pytrace=False
+        )
     if stopped.returncode != 0:
         pytest.fail(f"{SCRIPT.name} stop exited {stopped.returncode}:\n{stopped.stderr}", pytrace=False)
 

@@ -123,8 +123,13 @@ def _start(directory: Path) -> SshHosts:
         config = directory / "ssh_config"
         config.write_text(_client_config(port, dict.fromkeys(HOSTS, identity), known_hosts))
         with open(directory / "sshd.log", "w") as log:
-            daemon = subprocess.Popen([str(SSHD), "-D", "-e", "-f", str(server_config)], stdin=subprocess.DEVNULL,
-                                      stdout=log, stderr=log, start_new_session=True)
+            daemon = subprocess.Popen(
+                [str(SSHD), "-D", "-e", "-f", str(server_config)],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+            )
         hosts = SshHosts(config, port, directory, psutil.Process(daemon.pid))
         if _listening(daemon, port):
             _check_login(hosts)
@@ -140,42 +145,50 @@ def _server_config(directory: Path, port: int, host_key: Path) -> str:
     # StrictModes would refuse keys under a world-writable /tmp. No AcceptEnv: the client's
     # environment does not travel. MaxStartups above the default 10: a test starts up to six
     # connections at once (two jobs on three hosts), and a refused burst is not what it tests.
-    return (f"{listen}"
-            f"HostKey {host_key}\n"
-            f"PidFile {directory / 'sshd.pid'}\n"
-            f"AuthorizedKeysFile {directory / 'authorized_keys'}\n"
-            "PermitRootLogin prohibit-password\n"
-            "PubkeyAuthentication yes\n"
-            "PasswordAuthentication no\n"
-            "KbdInteractiveAuthentication no\n"
-            "UsePAM no\n"
-            "StrictModes no\n"
-            "PrintMotd no\n"
-            "PrintLastLog no\n"
-            "MaxStartups 100\n"
-            "MaxSessions 100\n"
-            "LogLevel VERBOSE\n")
+    return (
+        f"{listen}"
+        f"HostKey {host_key}\n"
+        f"PidFile {directory / 'sshd.pid'}\n"
+        f"AuthorizedKeysFile {directory / 'authorized_keys'}\n"
+        "PermitRootLogin prohibit-password\n"
+        "PubkeyAuthentication yes\n"
+        "PasswordAuthentication no\n"
+        "KbdInteractiveAuthentication no\n"
+        "UsePAM no\n"
+        "StrictModes no\n"
+        "PrintMotd no\n"
+        "PrintLastLog no\n"
+        "MaxStartups 100\n"
+        "MaxSessions 100\n"
+        "LogLevel VERBOSE\n"
+    )
 
 
 def _client_config(port: int, identities: Mapping[str, Path], known_hosts: Path) -> str:
-    return "".join(f"Host {alias}\n"
-                   f"    HostName {address}\n"
-                   f"    Port {port}\n"
-                   "    User root\n"
-                   f"    IdentityFile {identities[alias]}\n"
-                   "    IdentitiesOnly yes\n"
-                   "    IdentityAgent none\n"
-                   f"    UserKnownHostsFile {known_hosts}\n"
-                   "    GlobalKnownHostsFile /dev/null\n"
-                   "    StrictHostKeyChecking yes\n"
-                   "    BatchMode yes\n"
-                   "    LogLevel ERROR\n"
-                   for alias, address in HOSTS.items())
+    return "".join(
+        f"Host {alias}\n"
+        f"    HostName {address}\n"
+        f"    Port {port}\n"
+        "    User root\n"
+        f"    IdentityFile {identities[alias]}\n"
+        "    IdentitiesOnly yes\n"
+        "    IdentityAgent none\n"
+        f"    UserKnownHostsFile {known_hosts}\n"
+        "    GlobalKnownHostsFile /dev/null\n"
+        "    StrictHostKeyChecking yes\n"
+        "    BatchMode yes\n"
+        "    LogLevel ERROR\n"
+        for alias, address in HOSTS.items()
+    )
 
 
 def _keygen(path: Path) -> Path:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "xlarun-test", "-f", str(path)],
-                   check=True, stdin=subprocess.DEVNULL, capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "xlarun-test", "-f", str(path)],
+        check=True,
+        stdin=subprocess.DEVNULL,
+        capture_output=True,
+    )
     return path
 
 
@@ -219,12 +232,19 @@ def _listening(daemon: subprocess.Popen, port: int) -> bool:
 
 def _check_login(hosts: SshHosts) -> None:
     for alias in HOSTS:
-        login = subprocess.run(["ssh", "-F", str(hosts.config), alias, "true"], capture_output=True, text=True,
-                               stdin=subprocess.DEVNULL, timeout=START_TIMEOUT_S)
+        login = subprocess.run(
+            ["ssh", "-F", str(hosts.config), alias, "true"],
+            capture_output=True,
+            text=True,
+            stdin=subprocess.DEVNULL,
+            timeout=START_TIMEOUT_S,
+        )
         if login.returncode != 0:
             _stop(hosts)
-            _failed(f"ssh -F {hosts.config} {alias} true exited {login.returncode}: {login.stderr.strip()}\n"
-                    f"sshd's log:\n{hosts.log.read_text()}")
+            _failed(
+                f"ssh -F {hosts.config} {alias} true exited {login.returncode}: {login.stderr.strip()}\n"
+                f"sshd's log:\n{hosts.log.read_text()}"
+            )
 
 
 def _stop(hosts: SshHosts) -> None:

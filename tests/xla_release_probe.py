@@ -147,8 +147,9 @@ def configure_import_code(init_source: str) -> list[ast.stmt]:
         text = ast.unparse(node)
         if isinstance(node, ast.FunctionDef) and node.name == "_aws_ec2_inf_trn_init":
             kept.append(node)
-        elif not isinstance(node, ast.FunctionDef) and ("_aws_ec2_inf_trn_init()" in text
-                                                         or "XLA_REGISTER_INSTALLED_PLUGINS" in text):
+        elif not isinstance(node, ast.FunctionDef) and (
+            "_aws_ec2_inf_trn_init()" in text or "XLA_REGISTER_INSTALLED_PLUGINS" in text
+        ):
             kept.append(node)
     return kept
 
@@ -160,8 +161,9 @@ def load_release(sources: Path, scenario: dict[str, Any]) -> dict[str, types.Mod
             del sys.modules[name]
     root = sources / "torch_xla"
     torch_xla = package("torch_xla", root)
-    xlac = native_extension(scenario.get("cuda_build", False),
-                            scenario.get("runtime", {"index": 0, "processes": 1, "devices": 1}))
+    xlac = native_extension(
+        scenario.get("cuda_build", False), scenario.get("runtime", {"index": 0, "processes": 1, "devices": 1})
+    )
     sys.modules["_XLAC"] = xlac
     torch_xla._XLAC = xlac  # type: ignore[attr-defined]
     torch_xla.__version__ = importlib.import_module("torch_xla.version").__version__  # type: ignore[attr-defined]
@@ -176,9 +178,11 @@ def load_release(sources: Path, scenario: dict[str, Any]) -> dict[str, types.Mod
     sys.modules["torch_neuronx"] = None  # type: ignore[assignment]  # absent: torch_xla's own Neuron code runs
     if scenario.get("libneuronxla"):
         sys.modules["libneuronxla"], sys.modules["libneuronxla.libneuronpjrt_path"] = libneuronxla()
-    modules = {"runtime": importlib.import_module("torch_xla.runtime"),
-               "tpu": importlib.import_module("torch_xla._internal.tpu"),
-               "rendezvous": importlib.import_module("torch_xla._internal.rendezvous")}
+    modules = {
+        "runtime": importlib.import_module("torch_xla.runtime"),
+        "tpu": importlib.import_module("torch_xla._internal.tpu"),
+        "rendezvous": importlib.import_module("torch_xla._internal.rendezvous"),
+    }
     if (root / "experimental" / "plugins.py").is_file():
         plugins = importlib.import_module("torch_xla.experimental.plugins")
         plugins.importlib_metadata = EntryPoints((sources / "entry_points.txt").read_text())  # type: ignore
@@ -188,8 +192,7 @@ def load_release(sources: Path, scenario: dict[str, Any]) -> dict[str, types.Mod
 
 def run_import(sources: Path) -> None:
     torch_xla = sys.modules["torch_xla"]
-    code = ast.Module(body=configure_import_code((sources / "torch_xla" / "__init__.py").read_text()),
-                      type_ignores=[])
+    code = ast.Module(body=configure_import_code((sources / "torch_xla" / "__init__.py").read_text()), type_ignores=[])
     namespace = torch_xla.__dict__
     namespace.setdefault("__package__", "torch_xla")
     namespace.update(os=os, sys=sys, logging=__import__("logging"))
@@ -206,9 +209,11 @@ def run_scenario(sources: Path, scenario: dict[str, Any]) -> dict[str, Any]:
     try:
         modules = load_release(sources, scenario)
         runtime = modules["runtime"]
-        result["runtime_names"] = sorted(name for name in ("global_ordinal", "world_size", "process_index",
-                                                           "process_count", "is_spmd", "use_spmd")
-                                         if callable(getattr(runtime, name, None)))
+        result["runtime_names"] = sorted(
+            name
+            for name in ("global_ordinal", "world_size", "process_index", "process_count", "is_spmd", "use_spmd")
+            if callable(getattr(runtime, name, None))
+        )
         for step in scenario["steps"]:
             if step == "import":
                 run_import(sources)

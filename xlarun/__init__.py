@@ -29,5 +29,14 @@ def __getattr__(name: str) -> Any:
         return getattr(library, name)
     raise AttributeError(f"module 'xlarun' has no attribute {name!r}")
 
-__all__ = ["LaunchResult", "SplitWorldError", "WorkerFailed", "init_process_group", "is_launched", "launch",
-           "record", "__version__"]
+
+__all__ = [
+    "LaunchResult",
+    "SplitWorldError",
+    "WorkerFailed",
+    "init_process_group",
+    "is_launched",
+    "launch",
+    "record",
+    "__version__",
+]

@@ -235,8 +235,9 @@ class LaunchConfig:
         port, as torchrun), else the master address and port; c10d: the endpoint, its port 29400
         unless named, port 0 for one picked free at start."""
         if self.rdzv_backend == "static":
-            return split_endpoint(self.rdzv_endpoint, self.master_port) if self.rdzv_endpoint else \
-                (self.master_addr, self.master_port)
+            return (
+                split_endpoint(self.rdzv_endpoint, self.master_port)
+                if self.rdzv_endpoint
+                else (self.master_addr, self.master_port)
+            )
         return split_endpoint(self.rdzv_endpoint or f"{self.master_addr}:{DEFAULT_C10D_PORT}", DEFAULT_C10D_PORT)
-
-

@@ -114,8 +114,10 @@ class ConsoleWriter:
                     self._chunks.clear()
                     self._queued = 0
                 if self._dropped and not self._chunks and not self._gone:
-                    self._chunks.append(f"xlarun: {self._dropped} bytes of output were dropped while this stream "
-                                        "was not read\n".encode())
+                    self._chunks.append(
+                        f"xlarun: {self._dropped} bytes of output were dropped while this stream "
+                        "was not read\n".encode()
+                    )
                     self._queued += len(self._chunks[0])
                     self._dropped = 0
                 if self._paused and self._queued <= PAUSE_BYTES // 2:
@@ -137,7 +139,7 @@ class ConsoleWriter:
         view = memoryview(data)
         while view:
             try:
-                view = view[os.write(self.fd, view):]
+                view = view[os.write(self.fd, view) :]
             except BlockingIOError:
                 poller = select.poll()
                 poller.register(self.fd, select.POLLOUT)

@@ -221,8 +221,9 @@ def read_error_file(path: str | None) -> ErrorRecord | None:
         timestamp = math.inf
     except (TypeError, ValueError):
         timestamp = mtime
-    return ErrorRecord(message=text, traceback=str(extra.get("py_callstack", text)),
-                       timestamp=plausible_time(timestamp))
+    return ErrorRecord(
+        message=text, traceback=str(extra.get("py_callstack", text)), timestamp=plausible_time(timestamp)
+    )
 
 
 def plausible_time(timestamp: float) -> float | None:

@@ -19,10 +19,16 @@ HUNG_EXIT_CODE = 124
 """The launcher's exit code when the workers were found hung (``--hang-timeout``), as timeout(1)'s."""
 QUOTED_STDERR_LINES = 20
 """How many of its last stderr lines a failed worker's record quotes where they hold no Python traceback."""
-_TRACEBACK_START = re.compile(r"Traceback \(most recent call last\):|  \+ Exception Group Traceback \(most recent call last\):")
+_TRACEBACK_START = re.compile(
+    r"Traceback \(most recent call last\):|  \+ Exception Group Traceback \(most recent call last\):"
+)
 """The first line of a traceback Python prints for an uncaught exception, or exception group (3.11)."""
-_CHAINING_LINES = frozenset({"During handling of the above exception, another exception occurred:",
-                             "The above exception was the direct cause of the following exception:"})
+_CHAINING_LINES = frozenset(
+    {
+        "During handling of the above exception, another exception occurred:",
+        "The above exception was the direct cause of the following exception:",
+    }
+)
 """The line between two tracebacks of one chain: the one above belongs to the exception below."""
 
 
@@ -96,7 +102,7 @@ def stderr_excerpt(tail: Sequence[str]) -> str:
     if not starts:
         return "\n".join(tail[-QUOTED_STDERR_LINES:])
     start = starts.pop()
-    while starts and _chained_above(tail[starts[-1]:start]):
+    while starts and _chained_above(tail[starts[-1] : start]):
         start = starts.pop()
     return "\n".join(tail[start:])
 

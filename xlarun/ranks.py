@@ -38,9 +38,25 @@ class NodeAssignment:
         return self.rank_offset + local_rank
 
     @classmethod
-    def single_node(cls, run_id: str, nproc: int, master_addr: str, master_port: int,
-                    node_rank: int = 0, nnodes: int = 1, restart_count: int = 0) -> NodeAssignment:
+    def single_node(
+        cls,
+        run_id: str,
+        nproc: int,
+        master_addr: str,
+        master_port: int,
+        node_rank: int = 0,
+        nnodes: int = 1,
+        restart_count: int = 0,
+    ) -> NodeAssignment:
         """Static assignment where every node runs ``nproc`` workers."""
-        return cls(run_id=run_id, node_rank=node_rank, nnodes=nnodes, local_world_size=nproc,
-                   rank_offset=node_rank * nproc, world_size=nnodes * nproc,
-                   master_addr=master_addr, master_port=master_port, restart_count=restart_count)
+        return cls(
+            run_id=run_id,
+            node_rank=node_rank,
+            nnodes=nnodes,
+            local_world_size=nproc,
+            rank_offset=node_rank * nproc,
+            world_size=nnodes * nproc,
+            master_addr=master_addr,
+            master_port=master_port,
+            restart_count=restart_count,
+        )

@@ -47,25 +47,55 @@ class RdzvSetting:
 
 
 SETTINGS: tuple[RdzvSetting, ...] = (
-    RdzvSetting("join_timeout", "how long the nodes have to join (under static, timeout gives the default)",
-                (STATIC, C10D), seconds=600.0),
-    RdzvSetting("last_call_timeout", "how long the rendezvous waits for more nodes once the minimum joined", (C10D,),
-                seconds=30.0),
-    RdzvSetting("close_timeout", "how long a node that leaves waits for the others to leave", (STATIC, C10D),
-                seconds=30.0),
-    RdzvSetting("heartbeat_timeout", "how long a node may go without a heartbeat before it counts as lost",
-                (STATIC, C10D), seconds=5.0),
-    RdzvSetting("read_timeout", "how long a store call, a heartbeat among them, may go unanswered (torchrun: 60 s)",
-                (STATIC, C10D), seconds=30.0),
-    RdzvSetting("timeout", "the static join's timeout, torchrun's name for join_timeout there", (STATIC,),
-                seconds=600.0),
+    RdzvSetting(
+        "join_timeout",
+        "how long the nodes have to join (under static, timeout gives the default)",
+        (STATIC, C10D),
+        seconds=600.0,
+    ),
+    RdzvSetting(
+        "last_call_timeout",
+        "how long the rendezvous waits for more nodes once the minimum joined",
+        (C10D,),
+        seconds=30.0,
+    ),
+    RdzvSetting(
+        "close_timeout", "how long a node that leaves waits for the others to leave", (STATIC, C10D), seconds=30.0
+    ),
+    RdzvSetting(
+        "heartbeat_timeout",
+        "how long a node may go without a heartbeat before it counts as lost",
+        (STATIC, C10D),
+        seconds=5.0,
+    ),
+    RdzvSetting(
+        "read_timeout",
+        "how long a store call, a heartbeat among them, may go unanswered (torchrun: 60 s)",
+        (STATIC, C10D),
+        seconds=30.0,
+    ),
+    RdzvSetting(
+        "timeout", "the static join's timeout, torchrun's name for join_timeout there", (STATIC,), seconds=600.0
+    ),
     RdzvSetting("keep_alive_interval", "how often torch's c10d handler sends a keep-alive", (C10D,), seconds=5.0),
-    RdzvSetting("keep_alive_max_attempt", "keep-alives missed before torch's c10d handler drops a node", (C10D,),
-                default_text="3"),
-    RdzvSetting("is_host", "true: this node serves the store; false: it never does; unset: the node on the "
-                "endpoint's host does", (C10D,), default_text="unset"),
-    RdzvSetting("token", "the job's shared secret: a node with another one is refused", (STATIC, C10D),
-                default_text="XLARUN_RDZV_TOKEN or none"),
+    RdzvSetting(
+        "keep_alive_max_attempt",
+        "keep-alives missed before torch's c10d handler drops a node",
+        (C10D,),
+        default_text="3",
+    ),
+    RdzvSetting(
+        "is_host",
+        "true: this node serves the store; false: it never does; unset: the node on the endpoint's host does",
+        (C10D,),
+        default_text="unset",
+    ),
+    RdzvSetting(
+        "token",
+        "the job's shared secret: a node with another one is refused",
+        (STATIC, C10D),
+        default_text="XLARUN_RDZV_TOKEN or none",
+    ),
 )
 
 SETTINGS_BY_KEY: Mapping[str, RdzvSetting] = {setting.key: setting for setting in SETTINGS}
@@ -100,14 +130,19 @@ def read_seconds(key: str, text: str, source: str = flag("rdzv_conf")) -> float:
 
 def help_text() -> str:
     """``--rdzv-conf``'s help: every key with its default, and the backend where only one reads it."""
-    items = [f"{setting.key} ({setting.default}{'' if len(setting.backends) > 1 else ', ' + setting.backends[0]}): "
-             f"{setting.meaning}" for setting in SETTINGS]
+    items = [
+        f"{setting.key} ({setting.default}{'' if len(setting.backends) > 1 else ', ' + setting.backends[0]}): "
+        f"{setting.meaning}"
+        for setting in SETTINGS
+    ]
     return "Rendezvous settings: " + "; ".join(items) + ". Other keys are ignored."
 
 
 def markdown_table() -> str:
     """The manual's table of the keys, one row a key."""
     rows = ["| Key | Default | Meaning | Backends |", "| --- | --- | --- | --- |"]
-    rows += [f"| `{setting.key}` | {setting.default} | {setting.meaning} | {', '.join(setting.backends)} |"
-             for setting in SETTINGS]
+    rows += [
+        f"| `{setting.key}` | {setting.default} | {setting.meaning} | {', '.join(setting.backends)} |"
+        for setting in SETTINGS
+    ]
     return "\n".join(rows)

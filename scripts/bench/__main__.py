@@ -30,28 +30,46 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     report = argparse.ArgumentParser(add_help=False)
     report.add_argument("--markdown-out", metavar="FILE", help="also write the report to FILE")
     launchers = argparse.ArgumentParser(add_help=False)
-    launchers.add_argument("--bin-dir", default=str(REPO / ".venv" / "bin"),
-                           help="directory holding xlarun, torchrun and python (default: the repository's .venv/bin)")
+    launchers.add_argument(
+        "--bin-dir",
+        default=str(REPO / ".venv" / "bin"),
+        help="directory holding xlarun, torchrun and python (default: the repository's .venv/bin)",
+    )
 
-    launch = subcommands.add_parser("launch", parents=[report, launchers],
-                                    help="xlarun and torchrun side by side (launch, memory, crash, tee)")
+    launch = subcommands.add_parser(
+        "launch", parents=[report, launchers], help="xlarun and torchrun side by side (launch, memory, crash, tee)"
+    )
     launch.add_argument("--repeat", type=int, default=5, help="runs per launcher and measure (default 5)")
-    launch.add_argument("--quick", action="store_true",
-                        help=f"only {QUICK.launch_workers} workers for the launch and "
-                             f"{QUICK.tee_lines_per_worker} tee lines per worker")
+    launch.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"only {QUICK.launch_workers} workers for the launch and "
+        f"{QUICK.tee_lines_per_worker} tee lines per worker",
+    )
 
-    pod = subcommands.add_parser("pod-scale", parents=[report],
-                                 help="the simulation of many nodes against one store (its own table)")
-    pod.add_argument("--nodes", default=",".join(map(str, POD_NODES)),
-                     help=f"simulated node counts (default {','.join(map(str, POD_NODES))})")
-    pod.add_argument("--window", type=float, default=POD_WINDOW_S,
-                     help=f"seconds of running counted per node count (default {POD_WINDOW_S:.0f})")
+    pod = subcommands.add_parser(
+        "pod-scale", parents=[report], help="the simulation of many nodes against one store (its own table)"
+    )
+    pod.add_argument(
+        "--nodes",
+        default=",".join(map(str, POD_NODES)),
+        help=f"simulated node counts (default {','.join(map(str, POD_NODES))})",
+    )
+    pod.add_argument(
+        "--window",
+        type=float,
+        default=POD_WINDOW_S,
+        help=f"seconds of running counted per node count (default {POD_WINDOW_S:.0f})",
+    )
 
-    agent = subcommands.add_parser("agent-cpu", parents=[report, launchers],
-                                   help=f"node 0's agent CPU with {' and '.join(map(str, AGENT_CPU_NODES))} "
-                                        "loopback nodes")
-    agent.add_argument("--cpu-run", type=int, default=AGENT_CPU_RUN_S,
-                       help=f"seconds the workers run (default {AGENT_CPU_RUN_S})")
+    agent = subcommands.add_parser(
+        "agent-cpu",
+        parents=[report, launchers],
+        help=f"node 0's agent CPU with {' and '.join(map(str, AGENT_CPU_NODES))} loopback nodes",
+    )
+    agent.add_argument(
+        "--cpu-run", type=int, default=AGENT_CPU_RUN_S, help=f"seconds the workers run (default {AGENT_CPU_RUN_S})"
+    )
 
     args = parser.parse_args(argv)
     if args.subcommand == "launch":

@@ -57,11 +57,26 @@ def agent_cpu(launcher: str, bin_dir: Path, scratch: Path, count: int, run_s: in
     env = clean_environment()
 
     def start(rank: int) -> int:
-        argv = [str(bin_dir / launcher), "--nnodes", str(count), "--node_rank", str(rank), "--master_addr",
-                "127.0.0.1", "--master_port", str(port), "--nproc_per_node", "1", "--no-python", "sleep", str(run_s)]
+        argv = [
+            str(bin_dir / launcher),
+            "--nnodes",
+            str(count),
+            "--node_rank",
+            str(rank),
+            "--master_addr",
+            "127.0.0.1",
+            "--master_port",
+            str(port),
+            "--nproc_per_node",
+            "1",
+            "--no-python",
+            "sleep",
+            str(run_s),
+        ]
         with open(scratch / f"{launcher}-{count}-{rank}.stderr", "w") as stderr:
-            return subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                    stderr=stderr).pid
+            return subprocess.Popen(
+                argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=stderr
+            ).pid
 
     node0 = start(0)
     while not listening(port):
@@ -87,13 +102,21 @@ def run_agent_cpu(bin_dir: Path, run_s: int) -> list[str]:
                 samples[launcher, count] = agent_cpu(launcher, bin_dir, Path(scratch), count, run_s)
     small, large = AGENT_CPU_NODES
     limit = 1.25 * samples["xlarun", small].total_s + 0.3
-    rows = [f"## Node 0's agent CPU over a {run_s} s static run, one sleeping worker per node", "",
-            "| nodes | xlarun total (s) | xlarun while running (s) | torchrun total (s) | torchrun while running (s) |",
-            "|---|---|---|---|---|"]
+    rows = [
+        f"## Node 0's agent CPU over a {run_s} s static run, one sleeping worker per node",
+        "",
+        "| nodes | xlarun total (s) | xlarun while running (s) | torchrun total (s) | torchrun while running (s) |",
+        "|---|---|---|---|---|",
+    ]
     for count in AGENT_CPU_NODES:
         xlarun, torchrun = samples["xlarun", count], samples["torchrun", count]
-        rows.append(f"| {count} | {xlarun.total_s:.2f} | {xlarun.running_s:.2f} | {torchrun.total_s:.2f} "
-                    f"| {torchrun.running_s:.2f} |")
+        rows.append(
+            f"| {count} | {xlarun.total_s:.2f} | {xlarun.running_s:.2f} | {torchrun.total_s:.2f} "
+            f"| {torchrun.running_s:.2f} |"
+        )
     met = samples["xlarun", large].total_s <= limit
-    return rows + ["", f"Goal: xlarun with {large} nodes within 1.25 × (+0.3 s) of {small} nodes, at most "
-                       f"{limit:.2f} s: {'met' if met else 'not met'}."]
+    return rows + [
+        "",
+        f"Goal: xlarun with {large} nodes within 1.25 × (+0.3 s) of {small} nodes, at most "
+        f"{limit:.2f} s: {'met' if met else 'not met'}.",
+    ]

@@ -18,12 +18,24 @@ REPO = Path(__file__).resolve().parents[2]
 LAUNCHERS = ("xlarun", "torchrun")
 # Variables that would change what the launchers or the workers do if inherited.
 CLEARED_PREFIXES = ("PET_", "XLARUN_", "TORCHELASTIC_", "PJRT_", "XRT_")
-CLEARED_NAMES = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                 "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME", "MASTER_ADDR", "MASTER_PORT",
-                 # Without bytecode caches every launch compiles the launcher's modules again, and an
-                 # unbuffered launcher stdout costs torchrun's tee a write per line: neither is how an
-                 # installed launcher usually runs.
-                 "PYTHONDONTWRITEBYTECODE", "PYTHONUNBUFFERED")
+CLEARED_NAMES = (
+    "RANK",
+    "LOCAL_RANK",
+    "WORLD_SIZE",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "GROUP_WORLD_SIZE",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "ROLE_NAME",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    # Without bytecode caches every launch compiles the launcher's modules again, and an
+    # unbuffered launcher stdout costs torchrun's tee a write per line: neither is how an
+    # installed launcher usually runs.
+    "PYTHONDONTWRITEBYTECODE",
+    "PYTHONUNBUFFERED",
+)
 # stat(5)'s numbers of the fields read here.
 STAT_SESSION, STAT_UTIME, STAT_STIME = 6, 14, 15
 
@@ -37,8 +49,11 @@ def progress(text: str) -> None:
 
 
 def clean_environment() -> dict[str, str]:
-    env = {name: value for name, value in os.environ.items()
-           if not name.startswith(CLEARED_PREFIXES) and name not in CLEARED_NAMES}
+    env = {
+        name: value
+        for name, value in os.environ.items()
+        if not name.startswith(CLEARED_PREFIXES) and name not in CLEARED_NAMES
+    }
     # Both launchers print a notice otherwise; the measure is the launch, not the notice.
     env["OMP_NUM_THREADS"] = "1"
     return env
@@ -54,6 +69,7 @@ def check_exit(launcher: str, status: int, expected_ok: bool, stderr_path: Path)
 
 
 # --- /proc -------------------------------------------------------------------------------------
+
 
 def children_of(pid: int) -> list[int]:
     found: list[int] = []
@@ -118,6 +134,7 @@ def listening(port: int) -> bool:
 
 
 # --- machine facts -----------------------------------------------------------------------------
+
 
 def cpu_model() -> str:
     try:

@@ -153,8 +153,12 @@ class Runner:
         self.env = clean_environment()
         self._serial = 0
         self.scripts = {}
-        for name, text in (("noop", NOOP_WORKER), ("sleep", SLEEP_WORKER), ("crash", CRASH_WORKER),
-                           ("tee", TEE_WORKER)):
+        for name, text in (
+            ("noop", NOOP_WORKER),
+            ("sleep", SLEEP_WORKER),
+            ("crash", CRASH_WORKER),
+            ("tee", TEE_WORKER),
+        ):
             path = scratch / f"{name}_worker.py"
             path.write_text(text)
             self.scripts[name] = str(path)
@@ -165,10 +169,20 @@ class Runner:
         directory.mkdir()
         return directory
 
-    def launcher_argv(self, launcher: str, nproc: int, log_dir: Path, script: str, *script_args: str,
-                      extra: tuple[str, ...] = ()) -> list[str]:
-        return [str(self.bin_dir / launcher), "--standalone", "--nproc-per-node", str(nproc),
-                "--log-dir", str(log_dir), *extra, script, *script_args]
+    def launcher_argv(
+        self, launcher: str, nproc: int, log_dir: Path, script: str, *script_args: str, extra: tuple[str, ...] = ()
+    ) -> list[str]:
+        return [
+            str(self.bin_dir / launcher),
+            "--standalone",
+            "--nproc-per-node",
+            str(nproc),
+            "--log-dir",
+            str(log_dir),
+            *extra,
+            script,
+            *script_args,
+        ]
 
     def spawn(self, argv: list[str], stderr_path: Path, stdout_fd: int | None = None) -> int:
         """Start ``argv`` as the leader of a new session; stdin and (by default) stdout are /dev/null."""
@@ -188,6 +202,7 @@ class Runner:
 
 
 # --- launch and exit ---------------------------------------------------------------------------
+
 
 def time_to_exit(runner: Runner, who: str, argv: list[str], run_dir: Path) -> float:
     """Wall time from spawning ``argv`` to reaping it, which must exit 0."""
@@ -209,8 +224,9 @@ def own_flags(launcher: str, watch_hangs: bool) -> tuple[str, ...]:
 
 def time_launch(runner: Runner, launcher: str, nproc: int, watch_hangs: bool = False) -> float:
     run_dir = runner.fresh_dir(f"launch-{launcher}-{nproc}")
-    argv = runner.launcher_argv(launcher, nproc, run_dir / "logs", runner.scripts["noop"],
-                                extra=own_flags(launcher, watch_hangs))
+    argv = runner.launcher_argv(
+        launcher, nproc, run_dir / "logs", runner.scripts["noop"], extra=own_flags(launcher, watch_hangs)
+    )
     return time_to_exit(runner, launcher, argv, run_dir)
 
 
@@ -236,6 +252,7 @@ def time_direct_spawn(runner: Runner, nproc: int) -> float:
 
 # --- peak memory -------------------------------------------------------------------------------
 
+
 def descendants(root: int) -> list[int]:
     found = []
     pending = [root]
@@ -256,8 +273,9 @@ class MemorySample:
 
 def sample_memory(runner: Runner, launcher: str) -> MemorySample:
     run_dir = runner.fresh_dir(f"memory-{launcher}")
-    argv = runner.launcher_argv(launcher, MEMORY_WORKERS, run_dir / "logs", runner.scripts["sleep"],
-                                str(MEMORY_WORKER_SLEEP_S))
+    argv = runner.launcher_argv(
+        launcher, MEMORY_WORKERS, run_dir / "logs", runner.scripts["sleep"], str(MEMORY_WORKER_SLEEP_S)
+    )
     pid = runner.spawn(argv, run_dir / "stderr")
     peaks: dict[int, int] = {}
     workers: set[int] = set()
@@ -281,18 +299,29 @@ def sample_memory(runner: Runner, launcher: str) -> MemorySample:
         time.sleep(SAMPLE_INTERVAL_S)
     helpers = {member: peak for member, peak in peaks.items() if member in guards or member not in workers}
     check_exit(launcher, status, True, run_dir / "stderr")
-    return MemorySample(tree_kib=sum(helpers.values()), launcher_kib=helpers.get(pid, 0),
-                        ru_maxrss_kib=usage.ru_maxrss, processes=len(helpers))
+    return MemorySample(
+        tree_kib=sum(helpers.values()),
+        launcher_kib=helpers.get(pid, 0),
+        ru_maxrss_kib=usage.ru_maxrss,
+        processes=len(helpers),
+    )
 
 
 # --- crash to exit -----------------------------------------------------------------------------
+
 
 def time_crash_to_exit(runner: Runner, launcher: str, watch_hangs: bool = False) -> float:
     run_dir = runner.fresh_dir(f"crash-{launcher}")
     marks = run_dir / "marks"
     marks.mkdir()
-    argv = runner.launcher_argv(launcher, CRASH_PEERS + 1, run_dir / "logs", runner.scripts["crash"], str(marks),
-                                extra=own_flags(launcher, watch_hangs))
+    argv = runner.launcher_argv(
+        launcher,
+        CRASH_PEERS + 1,
+        run_dir / "logs",
+        runner.scripts["crash"],
+        str(marks),
+        extra=own_flags(launcher, watch_hangs),
+    )
     pid = runner.spawn(argv, run_dir / "stderr")
     _, status, _ = os.wait4(pid, 0)
     exited_at = time.time()
@@ -301,6 +330,7 @@ def time_crash_to_exit(runner: Runner, launcher: str, watch_hangs: bool = False)
 
 
 # --- tee throughput ----------------------------------------------------------------------------
+
 
 def tee_line(rank: int) -> bytes:
     """What tee worker ``rank`` writes on each line, newline excluded."""
@@ -319,8 +349,16 @@ def time_tee(runner: Runner, launcher: str, lines_per_worker: int) -> TeeSample:
     run_dir = runner.fresh_dir(f"tee-{launcher}")
     marks = run_dir / "marks"
     marks.mkdir()
-    argv = runner.launcher_argv(launcher, workers, run_dir / "logs", runner.scripts["tee"], str(marks),
-                                str(lines_per_worker), TEE_LINE_TEMPLATE, extra=("--tee", "3"))
+    argv = runner.launcher_argv(
+        launcher,
+        workers,
+        run_dir / "logs",
+        runner.scripts["tee"],
+        str(marks),
+        str(lines_per_worker),
+        TEE_LINE_TEMPLATE,
+        extra=("--tee", "3"),
+    )
     read_fd, write_fd = os.pipe()
     try:
         pid = runner.spawn(argv, run_dir / "stderr", stdout_fd=write_fd)
@@ -341,28 +379,35 @@ def time_tee(runner: Runner, launcher: str, lines_per_worker: int) -> TeeSample:
     started_at = min(float(path.read_text()) for path in marks.glob("start.*"))
     elapsed = output_ended_at - started_at
     total_lines = workers * lines_per_worker
-    return TeeSample(bytes_per_s=total_lines * TEE_LINE_BYTES / elapsed, lines_per_s=total_lines / elapsed,
-                     damaged_lines=damaged_lines(b"".join(chunks), workers, lines_per_worker))
+    return TeeSample(
+        bytes_per_s=total_lines * TEE_LINE_BYTES / elapsed,
+        lines_per_s=total_lines / elapsed,
+        damaged_lines=damaged_lines(b"".join(chunks), workers, lines_per_worker),
+    )
 
 
 def damaged_lines(console: bytes, workers: int, lines_per_worker: int) -> int:
     """Worker lines that did not reach the console whole, each on its own line with its rank's prefix."""
     counts = Counter(console.split(b"\n"))
-    intact = sum(min(counts[f"[default{rank}]:".encode() + tee_line(rank)], lines_per_worker)
-                 for rank in range(workers))
+    intact = sum(
+        min(counts[f"[default{rank}]:".encode() + tee_line(rank)], lines_per_worker) for rank in range(workers)
+    )
     return workers * lines_per_worker - intact
 
 
 # --- machine facts -----------------------------------------------------------------------------
 
+
 def venv_versions(python: str) -> dict[str, str]:
-    code = ("import importlib.metadata as m, platform\n"
-            "print('python', platform.python_version())\n"
-            "for name in ('torch', 'torch_xla', 'xlarun', 'click', 'psutil'):\n"
-            "    try:\n"
-            "        print(name, m.version(name))\n"
-            "    except m.PackageNotFoundError:\n"
-            "        print(name, 'not installed')\n")
+    code = (
+        "import importlib.metadata as m, platform\n"
+        "print('python', platform.python_version())\n"
+        "for name in ('torch', 'torch_xla', 'xlarun', 'click', 'psutil'):\n"
+        "    try:\n"
+        "        print(name, m.version(name))\n"
+        "    except m.PackageNotFoundError:\n"
+        "        print(name, 'not installed')\n"
+    )
     output = subprocess.run([python, "-c", code], capture_output=True, text=True, check=True).stdout
     return dict(line.split(" ", 1) for line in output.splitlines())
 
@@ -384,14 +429,20 @@ def machine_facts(python: str, repeat: int, quick: bool, load_before: tuple[floa
 
 # --- the run -----------------------------------------------------------------------------------
 
+
 def at_least_10x(xlarun: float, torchrun: float) -> bool:
     return torchrun / xlarun >= 10
 
 
 def above_shell_floor(launch: Measure, nproc: int, shell: list[float]) -> Measure:
     """The shell floor's row under ``launch`` (``nproc`` workers): each launcher's time less the shell's, run by run."""
-    row = Measure(f"shell floor (sh -c), {nproc} no-op workers: launch and exit above it", launch.unit, launch.scale,
-                  launch.digits, floor=shell)
+    row = Measure(
+        f"shell floor (sh -c), {nproc} no-op workers: launch and exit above it",
+        launch.unit,
+        launch.scale,
+        launch.digits,
+        floor=shell,
+    )
     for launcher in LAUNCHERS:
         row.samples[launcher] = [took - floor for took, floor in zip(launch.samples[launcher], shell, strict=True)]
     return row
@@ -440,11 +491,18 @@ def run_benchmark(runner: Runner, repeat: int, sizes: Sizes) -> list[Measure]:
     tree.title = f"peak RSS, launcher tree without workers ({MEMORY_WORKERS} workers; processes: {counts})"
     measures += [tree, own, largest]
 
-    crash = Measure(f"crash to exit, {CRASH_PEERS} sleeping peers", "ms", 1000, 1, "xlarun < 100 ms",
-                    lambda xlarun, torchrun: xlarun < 0.1)
+    crash = Measure(
+        f"crash to exit, {CRASH_PEERS} sleeping peers",
+        "ms",
+        1000,
+        1,
+        "xlarun < 100 ms",
+        lambda xlarun, torchrun: xlarun < 0.1,
+    )
     progress(f"bench: {crash.title}")
-    watched_crash = Measure(f"crash to exit, {CRASH_PEERS} sleeping peers, xlarun {' '.join(HANG_WATCH)}", "ms",
-                            1000, 1)
+    watched_crash = Measure(
+        f"crash to exit, {CRASH_PEERS} sleeping peers, xlarun {' '.join(HANG_WATCH)}", "ms", 1000, 1
+    )
     for _ in range(repeat):
         for launcher in LAUNCHERS:
             crash.samples[launcher].append(time_crash_to_exit(runner, launcher))
@@ -452,11 +510,23 @@ def run_benchmark(runner: Runner, repeat: int, sizes: Sizes) -> list[Measure]:
     measures += [crash, watched_crash]
 
     lines = sizes.tee_lines_per_worker
-    tee_bytes = Measure(f"tee throughput, --tee 3, 2 workers × {lines} lines", "MB/s", 1e-6, 1,
-                        "≤ 1 (as fast or faster)", lambda xlarun, torchrun: xlarun >= torchrun)
+    tee_bytes = Measure(
+        f"tee throughput, --tee 3, 2 workers × {lines} lines",
+        "MB/s",
+        1e-6,
+        1,
+        "≤ 1 (as fast or faster)",
+        lambda xlarun, torchrun: xlarun >= torchrun,
+    )
     tee_lines = Measure(f"tee throughput, {TEE_LINE_BYTES}-byte lines", "k lines/s", 1e-3, 1)
-    tee_damage = Measure(f"tee lines lost, torn or unprefixed (of {2 * lines})", "lines", 1, 0, "xlarun 0",
-                         lambda xlarun, torchrun: xlarun == 0)
+    tee_damage = Measure(
+        f"tee lines lost, torn or unprefixed (of {2 * lines})",
+        "lines",
+        1,
+        0,
+        "xlarun 0",
+        lambda xlarun, torchrun: xlarun == 0,
+    )
     progress(f"bench: {tee_bytes.title}")
     for _ in range(repeat):
         for launcher in LAUNCHERS:
@@ -480,9 +550,11 @@ def markdown_table(measures: list[Measure]) -> list[str]:
     for measure in measures:
         xlarun, torchrun = measure.median("xlarun"), measure.median("torchrun")
         met = "" if measure.goal_met is None else "yes" if measure.goal_met(xlarun, torchrun) else "**no**"
-        rows.append(f"| {measure.title} | {measure.unit} | {measure.show(measure.samples['xlarun'])} "
-                    f"| {measure.show(measure.samples['torchrun'])} | {measure.show(measure.floor)} "
-                    f"| {ratio(torchrun, xlarun)} | {measure.goal} | {met} |")
+        rows.append(
+            f"| {measure.title} | {measure.unit} | {measure.show(measure.samples['xlarun'])} "
+            f"| {measure.show(measure.samples['torchrun'])} | {measure.show(measure.floor)} "
+            f"| {ratio(torchrun, xlarun)} | {measure.goal} | {met} |"
+        )
     return rows
 
 
@@ -493,5 +565,12 @@ def compare_launchers(bin_dir: Path, repeat: int, quick: bool) -> list[str]:
         runner = Runner(bin_dir, Path(scratch))
         measures = run_benchmark(runner, repeat, QUICK if quick else FULL)
         facts = machine_facts(runner.python(), repeat, quick, load_before)
-    return ["## xlarun vs torchrun", "", *facts, "", "Medians, with the min–max range in parentheses.", "",
-            *markdown_table(measures)]
+    return [
+        "## xlarun vs torchrun",
+        "",
+        *facts,
+        "",
+        "Medians, with the min–max range in parentheses.",
+        "",
+        *markdown_table(measures),
+    ]

@@ -149,9 +149,18 @@ class PodShard:
 
     def fail(self, rank: int, count: int) -> float:
         failed_at = time.monotonic()
-        self.nodes[rank].rendezvous.publish_failure(FailureRecord(
-            rank=rank, local_rank=0, returncode=1, pid=0, time=time.time(), host="simulated", node_rank=rank,
-            nnodes=count))
+        self.nodes[rank].rendezvous.publish_failure(
+            FailureRecord(
+                rank=rank,
+                local_rank=0,
+                returncode=1,
+                pid=0,
+                time=time.time(),
+                host="simulated",
+                node_rank=rank,
+                nnodes=count,
+            )
+        )
         return failed_at
 
     def mute(self, rank: int) -> float:
@@ -239,13 +248,21 @@ def simulate_pod(count: int, window_s: float) -> PodSample:
     until the first other node is told (the monitor noticed) and until every node is.
     """
     port = free_port()
-    config = LaunchConfig(command=WorkerCommand("simulated", ()), min_nodes=count, max_nodes=count,
-                          master_addr="127.0.0.1", master_port=port, rdzv_id=f"pod-{count}",
-                          rdzv_conf={"join_timeout": "600"})
+    config = LaunchConfig(
+        command=WorkerCommand("simulated", ()),
+        min_nodes=count,
+        max_nodes=count,
+        master_addr="127.0.0.1",
+        master_port=port,
+        rdzv_id=f"pod-{count}",
+        rdzv_conf={"join_timeout": "600"},
+    )
     host = PodShard(config, [0])
     others = list(range(1, count))
-    shards = [ShardProcess(config, others[start:start + POD_SHARD_NODES])
-              for start in range(0, len(others), POD_SHARD_NODES)]
+    shards = [
+        ShardProcess(config, others[start : start + POD_SHARD_NODES])
+        for start in range(0, len(others), POD_SHARD_NODES)
+    ]
     try:
         for shard in shards:
             shard.result()
@@ -321,16 +338,21 @@ def pod_table(samples: list[PodSample]) -> list[str]:
         "|---|---|---|---|---|---|---|---|",
     ]
     for sample in samples:
-        rows.append(f"| {sample.nodes} | {sample.join_s:.2f} | {sample.restart_s:.2f} | {sample.requests_per_s:.0f} "
-                    f"| {sample.requests_per_s / sample.nodes:.2f} | {sample.notice_s:.2f} "
-                    f"| {sample.silent_stop_s:.2f} | {sample.failure_stop_s * 1000:.0f} |")
+        rows.append(
+            f"| {sample.nodes} | {sample.join_s:.2f} | {sample.restart_s:.2f} | {sample.requests_per_s:.0f} "
+            f"| {sample.requests_per_s / sample.nodes:.2f} | {sample.notice_s:.2f} "
+            f"| {sample.silent_stop_s:.2f} | {sample.failure_stop_s * 1000:.0f} |"
+        )
     largest = max(samples, key=lambda sample: sample.nodes)
     rates = [sample.requests_per_s / sample.nodes for sample in samples]
-    rows += ["", f"Goals: {largest.nodes} nodes join in under {POD_JOIN_GOAL_S:.0f} s: "
-                 f"{'met' if largest.join_s < POD_JOIN_GOAL_S else 'not met'}; requests per node per second "
-                 f"from {min(rates):.2f} to {max(rates):.2f} across node counts; a silent node noticed within "
-                 f"heartbeat_timeout + {POD_NOTICE_SLACK_S:.0f} s: "
-                 f"{'met' if all(sample.notice_s <= notice_goal for sample in samples) else 'not met'}."]
+    rows += [
+        "",
+        f"Goals: {largest.nodes} nodes join in under {POD_JOIN_GOAL_S:.0f} s: "
+        f"{'met' if largest.join_s < POD_JOIN_GOAL_S else 'not met'}; requests per node per second "
+        f"from {min(rates):.2f} to {max(rates):.2f} across node counts; a silent node noticed within "
+        f"heartbeat_timeout + {POD_NOTICE_SLACK_S:.0f} s: "
+        f"{'met' if all(sample.notice_s <= notice_goal for sample in samples) else 'not met'}.",
+    ]
     return rows
 
 
@@ -347,6 +369,11 @@ def run_pod_scale(counts: tuple[int, ...], window_s: float) -> list[str]:
     for count in counts:
         progress(f"bench: pod scale, {count} simulated nodes")
         samples.append(simulate_pod(count, window_s))
-    return ["## Pod-scale simulation (static rendezvous, one store, heartbeat_timeout 5 s)", "",
-            f"- {cpu_model()}, {os.cpu_count()} cores; {window_s:.0f} s of running counted per node count; "
-            f"RES_OPTIONS={os.environ['RES_OPTIONS']!r}", "", *pod_table(samples)]
+    return [
+        "## Pod-scale simulation (static rendezvous, one store, heartbeat_timeout 5 s)",
+        "",
+        f"- {cpu_model()}, {os.cpu_count()} cores; {window_s:.0f} s of running counted per node count; "
+        f"RES_OPTIONS={os.environ['RES_OPTIONS']!r}",
+        "",
+        *pod_table(samples),
+    ]

@@ -47,12 +47,17 @@ def test_quick_run_prints_a_table_with_both_launchers(tmp_path):
     markdown = tmp_path / "bench.md"
     finished = subprocess.run(
         [*BENCH, "--repeat", "1", "--quick", "--markdown-out", str(markdown), "--bin-dir", str(BIN_DIR)],
-        cwd=REPO, capture_output=True, text=True, timeout=240)
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert finished.returncode == 0, finished.stderr
     assert "| measure | unit | xlarun | torchrun | no launcher | torchrun / xlarun | goal | met |" in finished.stdout
     assert re.search(r"^- CPU: .*\d+ cores", finished.stdout, re.MULTILINE)
-    assert re.search(r"^- Python \d+\.\d+\.\d+; torch \S+, torch_xla (\S+|not installed), xlarun \S+", finished.stdout,
-                     re.MULTILINE)
+    assert re.search(
+        r"^- Python \d+\.\d+\.\d+; torch \S+, torch_xla (\S+|not installed), xlarun \S+", finished.stdout, re.MULTILINE
+    )
     rows = table_rows(finished.stdout)
     for title in EXPECTED_ROWS:
         matching = [cells for name, cells in rows.items() if name.startswith(title)]
@@ -72,19 +77,25 @@ def test_tee_check_counts_lost_torn_and_unprefixed_lines():
     assert damaged_lines(console, workers=2, lines_per_worker=3) == 0
 
     torn = tee_line(1)[:10] + b"[default0]:" + tee_line(0)
-    damaged = b"\n".join([
-        b"[default0]:" + tee_line(0),
-        torn,                                      # rank 0's line glued to a piece of rank 1's
-        tee_line(1),                               # rank 1's line without its prefix
-        b"[default1]:" + tee_line(1),
-        b"[default0]:" + tee_line(0),
-    ]) + b"\n"
+    damaged = (
+        b"\n".join(
+            [
+                b"[default0]:" + tee_line(0),
+                torn,  # rank 0's line glued to a piece of rank 1's
+                tee_line(1),  # rank 1's line without its prefix
+                b"[default1]:" + tee_line(1),
+                b"[default0]:" + tee_line(0),
+            ]
+        )
+        + b"\n"
+    )
     # Rank 0: 2 of 3 intact; rank 1: 1 of 3 intact (the third line never came).
     assert damaged_lines(damaged, workers=2, lines_per_worker=3) == 3
 
 
 def test_bad_repeat_is_a_usage_error():
-    finished = subprocess.run([*BENCH, "--repeat", "0", "--bin-dir", str(BIN_DIR)],
-                              cwd=REPO, capture_output=True, text=True, timeout=60)
+    finished = subprocess.run(
+        [*BENCH, "--repeat", "0", "--bin-dir", str(BIN_DIR)], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
     assert finished.returncode == 2
     assert "--repeat must be at least 1" in finished.stderr

@@ -13,12 +13,38 @@ from helpers import PYTHON, XLARUN, clean_env, plan, run_xlarun, worker
 
 # torchrun 2.15's flags (first spelling as its --help shows it), in its order.
 TORCHRUN_FLAGS = [
-    "--nnodes", "--nproc-per-node", "--rdzv-backend", "--rdzv-endpoint", "--rdzv-id", "--rdzv-conf",
-    "--standalone", "--max-restarts", "--monitor-interval", "--start-method", "--event-log-handler", "--role",
-    "-m", "--no-python", "--run-path", "--log-dir", "-r", "-t", "--log-line-prefix-template",
-    "--local-ranks-filter", "--duplicate-stdout-filters", "--duplicate-stderr-filters", "--node-rank",
-    "--master-addr", "--master-port", "--local-addr", "--logs-specs", "--numa-binding", "--signals-to-handle",
-    "--shutdown-timeout", "--virtual-local-rank", "--print-completion",
+    "--nnodes",
+    "--nproc-per-node",
+    "--rdzv-backend",
+    "--rdzv-endpoint",
+    "--rdzv-id",
+    "--rdzv-conf",
+    "--standalone",
+    "--max-restarts",
+    "--monitor-interval",
+    "--start-method",
+    "--event-log-handler",
+    "--role",
+    "-m",
+    "--no-python",
+    "--run-path",
+    "--log-dir",
+    "-r",
+    "-t",
+    "--log-line-prefix-template",
+    "--local-ranks-filter",
+    "--duplicate-stdout-filters",
+    "--duplicate-stderr-filters",
+    "--node-rank",
+    "--master-addr",
+    "--master-port",
+    "--local-addr",
+    "--logs-specs",
+    "--numa-binding",
+    "--signals-to-handle",
+    "--shutdown-timeout",
+    "--virtual-local-rank",
+    "--print-completion",
 ]
 XLARUN_OWN_FLAGS = ["--dry-run", "--summary-file", "--device"]
 
@@ -27,8 +53,9 @@ def first_env(document: dict) -> dict[str, str]:
     return document["workers"][0]["env"]
 
 
-@pytest.mark.parametrize("flags", [["--nproc_per_n=2"], ["--nproc-per-n", "2"], ["--nproc_per_node=2"],
-                                   ["--nproc-per-node", "2"]])
+@pytest.mark.parametrize(
+    "flags", [["--nproc_per_n=2"], ["--nproc-per-n", "2"], ["--nproc_per_node=2"], ["--nproc-per-node", "2"]]
+)
 def test_nproc_spellings_and_prefixes(flags: list[str]) -> None:
     assert plan(*flags, "train.py")["nproc_per_node"] == 2
 
@@ -38,11 +65,21 @@ SPELLINGS = {
     "master port": ("--master-port", "--master_port", "--master-po", "29123", lambda d: first_env(d)["MASTER_PORT"]),
     "master addr": ("--master-addr", "--master_addr", "--master_a", "10.1.2.3", lambda d: d["master_addr"]),
     "rdzv id": ("--rdzv-id", "--rdzv_id", "--rdzv-i", "job-9", lambda d: d["run_id"]),
-    "max restarts": ("--max-restarts", "--max_restarts", "--max", "4",
-                     lambda d: first_env(d)["TORCHELASTIC_MAX_RESTARTS"]),
+    "max restarts": (
+        "--max-restarts",
+        "--max_restarts",
+        "--max",
+        "4",
+        lambda d: first_env(d)["TORCHELASTIC_MAX_RESTARTS"],
+    ),
     "node rank": ("--node-rank", "--node_rank", "--node_", "1", lambda d: first_env(d)["GROUP_RANK"]),
-    "log dir": ("--log-dir", "--log_dir", "--log-d", "/var/tmp/runs",
-                lambda d: first_env(d)["TORCHELASTIC_ERROR_FILE"].split("/none_")[0]),
+    "log dir": (
+        "--log-dir",
+        "--log_dir",
+        "--log-d",
+        "/var/tmp/runs",
+        lambda d: first_env(d)["TORCHELASTIC_ERROR_FILE"].split("/none_")[0],
+    ),
 }
 
 
@@ -67,7 +104,10 @@ def test_pet_variables_are_defaults_and_flags_win() -> None:
     assert plan("--nproc_per_node", "2", "train.py", env={"PET_NPROC_PER_NODE": "3"})["nproc_per_node"] == 2
     document = plan("train.py", env={"PET_MASTER_PORT": "29777", "PET_RDZV_ID": "from-env", "PET_ROLE": "actor"})
     assert (document["master_port"], document["run_id"], first_env(document)["ROLE_NAME"]) == (
-        29777, "from-env", "actor")
+        29777,
+        "from-env",
+        "actor",
+    )
 
 
 def test_pet_booleans_are_integers() -> None:
@@ -82,8 +122,17 @@ def test_pet_booleans_are_integers() -> None:
 def test_arguments_after_the_script_are_untouched() -> None:
     document = plan("--nproc_per_node", "1", "train.py", "--nproc-per-node=3", "--dry-run", "-m", "--", "-r", "x")
     assert document["nproc_per_node"] == 1
-    assert document["workers"][0]["argv"] == [PYTHON, "-u", "train.py", "--nproc-per-node=3", "--dry-run", "-m",
-                                              "--", "-r", "x"]
+    assert document["workers"][0]["argv"] == [
+        PYTHON,
+        "-u",
+        "train.py",
+        "--nproc-per-node=3",
+        "--dry-run",
+        "-m",
+        "--",
+        "-r",
+        "x",
+    ]
 
 
 def test_leading_double_dash_is_dropped_once() -> None:
@@ -101,17 +150,39 @@ def test_nproc_cpu_counts_this_hosts_cpus() -> None:
 
 
 def test_compatibility_flags_are_accepted() -> None:
-    document = plan("--monitor-interval", "5", "--start-method", "fork", "--event-log-handler", "console",
-                    "--local-addr", "127.0.0.1", "--numa-binding", "node", "--logs-specs", "default",
-                    "--rdzv-conf", "timeout=60,read_timeout=10", "train.py")
+    document = plan(
+        "--monitor-interval",
+        "5",
+        "--start-method",
+        "fork",
+        "--event-log-handler",
+        "console",
+        "--local-addr",
+        "127.0.0.1",
+        "--numa-binding",
+        "node",
+        "--logs-specs",
+        "default",
+        "--rdzv-conf",
+        "timeout=60,read_timeout=10",
+        "train.py",
+    )
     assert document["nproc_per_node"] == 1
 
 
 def test_run_path_runs_the_file_as_main(tmp_path: Path, port: int) -> None:
     dump_dir = tmp_path / "dump"
     dump_dir.mkdir()
-    result = run_xlarun("--run-path", "--nproc_per_node", "2", "--master_port", port, worker("dump_env.py"), "a",
-                        env={"DUMP_DIR": str(dump_dir)})
+    result = run_xlarun(
+        "--run-path",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        worker("dump_env.py"),
+        "a",
+        env={"DUMP_DIR": str(dump_dir)},
+    )
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         ran = json.loads((dump_dir / f"{rank}_0.json").read_text())
@@ -146,17 +217,36 @@ def test_console_script_and_module_entry_points() -> None:
 
 
 def test_a_launch_imports_no_torch(port: int) -> None:
-    completed = subprocess.run([PYTHON, "-X", "importtime", "-m", "xlarun", "--nproc_per_node", "2",
-                                "--master_port", str(port), worker("chatter.py"), "1"],
-                               capture_output=True, text=True, env=clean_env())
+    completed = subprocess.run(
+        [
+            PYTHON,
+            "-X",
+            "importtime",
+            "-m",
+            "xlarun",
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            worker("chatter.py"),
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
     assert completed.returncode == 0, completed.stderr
-    imported = [line.rsplit("|", 1)[1].strip() for line in completed.stderr.splitlines()
-                if line.startswith("import time:") and "|" in line]
+    imported = [
+        line.rsplit("|", 1)[1].strip()
+        for line in completed.stderr.splitlines()
+        if line.startswith("import time:") and "|" in line
+    ]
     assert "xlarun.supervision.group" in imported
     assert [name for name in imported if name.split(".")[0] in ("torch", "torch_xla")] == []
 
 
 # ---- --help as a manual
+
 
 @pytest.fixture(scope="module")
 def help_text() -> str:
@@ -167,8 +257,11 @@ def help_text() -> str:
 
 
 def help_row(text: str, spelling: str) -> str:
-    return next(line for line in text.splitlines() if line.strip().startswith(spelling + " ")
-                or line.strip().startswith(spelling + ","))
+    return next(
+        line
+        for line in text.splitlines()
+        if line.strip().startswith(spelling + " ") or line.strip().startswith(spelling + ",")
+    )
 
 
 def test_help_names_every_value_and_marks_the_script_required(help_text: str) -> None:
@@ -182,16 +275,26 @@ def test_help_names_every_value_and_marks_the_script_required(help_text: str) ->
             assert f"{option.spellings[-1]} {option.metavar}" in help_row(help_text, option.spellings[0])
 
 
-@pytest.mark.parametrize("spelling, default", [
-    ("--nnodes", "1:1"), ("--nproc-per-node", "1"), ("--master-addr", "127.0.0.1"), ("--master-port", "29500"),
-    ("--rdzv-backend", "static"), ("--max-restarts", "0"), ("--device", "auto; env: XLARUN_DEVICE"),
-    ("--cluster", "none; env: XLARUN_CLUSTER"), ("--runtime", "auto"),
-    ("--rdzv-endpoint", "MASTER_ADDR:29400 under c10d"),
-    ("--shutdown-timeout", "30; env: TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
-    ("--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
-    ("--log-line-prefix-template", "[${role_name}${local_rank}]:"),
-    ("--duplicate-stdout-filters", "no copy"), ("--duplicate-stderr-filters", "no copy"),
-])
+@pytest.mark.parametrize(
+    "spelling, default",
+    [
+        ("--nnodes", "1:1"),
+        ("--nproc-per-node", "1"),
+        ("--master-addr", "127.0.0.1"),
+        ("--master-port", "29500"),
+        ("--rdzv-backend", "static"),
+        ("--max-restarts", "0"),
+        ("--device", "auto; env: XLARUN_DEVICE"),
+        ("--cluster", "none; env: XLARUN_CLUSTER"),
+        ("--runtime", "auto"),
+        ("--rdzv-endpoint", "MASTER_ADDR:29400 under c10d"),
+        ("--shutdown-timeout", "30; env: TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
+        ("--signals-to-handle", "SIGTERM,SIGINT,SIGHUP,SIGQUIT"),
+        ("--log-line-prefix-template", "[${role_name}${local_rank}]:"),
+        ("--duplicate-stdout-filters", "no copy"),
+        ("--duplicate-stderr-filters", "no copy"),
+    ],
+)
 def test_help_shows_the_defaults(help_text: str, spelling: str, default: str) -> None:
     assert help_row(help_text, spelling).endswith(f"[default: {default}]")
 
@@ -211,8 +314,15 @@ def test_help_explains_the_values_a_newcomer_asks_about(help_text: str) -> None:
     assert "use_spmd()" in help_row(help_text, "--spmd")
     assert help_row(help_text, "--virtual-devices").split("N ", 1)[1].strip().startswith("CPU only")
     assert "Validated, not applied" in help_row(help_text, "--numa-binding")
-    for variable in ("PET_<FLAG>", "XLARUN_DEVICE", "XLARUN_CLUSTER", "XLARUN_RDZV_TOKEN", "XLARUN_DEBUG",
-                     "XLARUN_HOST_ROOT", "XLARUN_LAUNCHED"):
+    for variable in (
+        "PET_<FLAG>",
+        "XLARUN_DEVICE",
+        "XLARUN_CLUSTER",
+        "XLARUN_RDZV_TOKEN",
+        "XLARUN_DEBUG",
+        "XLARUN_HOST_ROOT",
+        "XLARUN_LAUNCHED",
+    ):
         assert variable in help_text.split("Environment:")[1], variable
 
 

@@ -20,15 +20,22 @@ def test_mpi_reads_a_real_mpirun_environment():
         (pytest.fail if os.environ.get("CI") else pytest.skip)("Open MPI's mpirun is not installed")
     # One host can hold several ranks but not several nodes: a lone rank is a one-node job, and two
     # ranks on this host must be refused. Each rank prints what detect_cluster made of its environment.
-    probe = ("import os, sys; from xlarun.cli.cluster import detect_cluster; from xlarun.exceptions import UsageError\n"
-             "try:\n    s = detect_cluster('mpi', os.environ); print(s.nnodes, s.node_rank, s.run_id)\n"
-             "except UsageError as e:\n    print('refused:', e)\n")
-    environ = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1",
-                   PYTHONPATH=str(REPO))
+    probe = (
+        "import os, sys; from xlarun.cli.cluster import detect_cluster; from xlarun.exceptions import UsageError\n"
+        "try:\n    s = detect_cluster('mpi', os.environ); print(s.nnodes, s.node_rank, s.run_id)\n"
+        "except UsageError as e:\n    print('refused:', e)\n"
+    )
+    environ = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", PYTHONPATH=str(REPO))
 
     def mpirun(ranks: int) -> list[str]:
-        done = subprocess.run(["mpirun", "--oversubscribe", "-np", str(ranks), sys.executable, "-c", probe],
-                              capture_output=True, text=True, env=environ, timeout=120, check=True)
+        done = subprocess.run(
+            ["mpirun", "--oversubscribe", "-np", str(ranks), sys.executable, "-c", probe],
+            capture_output=True,
+            text=True,
+            env=environ,
+            timeout=120,
+            check=True,
+        )
         return done.stdout.splitlines()
 
     [alone] = mpirun(1)
@@ -41,5 +48,9 @@ def test_mpi_reads_a_real_mpirun_environment():
 def test_cluster_module_does_not_import_torch():
     imported = subprocess.run(
         [sys.executable, "-c", "import sys, xlarun.cli.cluster; print('torch' in sys.modules)"],
-        capture_output=True, text=True, cwd=REPO, check=True)
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        check=True,
+    )
     assert imported.stdout.strip() == "False"

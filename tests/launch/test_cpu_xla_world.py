@@ -27,11 +27,15 @@ def xlarun_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("xlarun:")]
 
 
-@pytest.mark.parametrize("device_flags, env", [([], {}), (["--device", "cpu"], {}), ([], {"PJRT_DEVICE": "CPU"})],
-                         ids=["detected", "given", "from PJRT_DEVICE"])
+@pytest.mark.parametrize(
+    "device_flags, env",
+    [([], {}), (["--device", "cpu"], {}), ([], {"PJRT_DEVICE": "CPU"})],
+    ids=["detected", "given", "from PJRT_DEVICE"],
+)
 def test_torch_xla_join_of_two_cpu_processes_is_explained(device_flags: list[str], env: dict[str, str]) -> None:
-    result = run_xlarun("--nproc-per-node", "2", "--master-port", free_port(), *device_flags,
-                        worker("xla_torch_join.py"), env=env)
+    result = run_xlarun(
+        "--nproc-per-node", "2", "--master-port", free_port(), *device_flags, worker("xla_torch_join.py"), env=env
+    )
     assert result.returncode != 0
     lines = xlarun_lines(result.stderr)
     warnings = [line for line in lines if line.startswith("xlarun: warning:")]
@@ -53,10 +57,11 @@ def test_torch_xla_join_of_two_cpu_processes_is_explained(device_flags: list[str
 def test_split_world_is_named_whichever_worker_failed_first(tmp_path: Path, device_flags: list[str]) -> None:
     # torch_xla's own torchrun test has this shape: each test joins in setUp. The process that
     # serves the store fails the world's checks first; the other fails to bind the port.
-    result = run_xlarun("--nproc-per-node", "2", "--master-port", free_port(), *device_flags,
-                        worker("xla_join_unittest.py"), tmp_path)
+    result = run_xlarun(
+        "--nproc-per-node", "2", "--master-port", free_port(), *device_flags, worker("xla_join_unittest.py"), tmp_path
+    )
     assert result.returncode == 1
-    root_cause = result.stderr[result.stderr.index("Root Cause"):]
+    root_cause = result.stderr[result.stderr.index("Root Cause") :]
     assert "AssertionError" in root_cause and "EADDRINUSE" not in root_cause  # the process serving the store
     assert "EADDRINUSE" in result.stderr  # what the worker that could not serve the store wrote
     [cause] = [line for line in xlarun_lines(result.stderr) if "took itself for rank 0" in line]
@@ -64,8 +69,9 @@ def test_split_world_is_named_whichever_worker_failed_first(tmp_path: Path, devi
 
 
 def test_one_cpu_process_gets_no_split_world_line(tmp_path: Path) -> None:
-    result = run_xlarun("--nproc-per-node", "1", "--master-port", free_port(), worker("dump_env.py"),
-                        env={"DUMP_DIR": str(tmp_path)})
+    result = run_xlarun(
+        "--nproc-per-node", "1", "--master-port", free_port(), worker("dump_env.py"), env={"DUMP_DIR": str(tmp_path)}
+    )
     assert result.returncode == 0, result.stderr
     assert not [line for line in xlarun_lines(result.stderr) if "world of its own" in line]
 
@@ -77,8 +83,15 @@ def test_each_cpu_worker_sees_consistent_ordinals_and_saves_as_master(tmp_path: 
 
     for rank in (0, 1):
         seen = json.loads((tmp_path / f"{rank}.json").read_text())
-        assert seen == {"global_ordinal": 0, "world_size": 1, "local_ordinal": 0, "local_device_count": 1,
-                        "local_process_count": 1, "is_master": True, "is_local_master": True}
+        assert seen == {
+            "global_ordinal": 0,
+            "world_size": 1,
+            "local_ordinal": 0,
+            "local_device_count": 1,
+            "local_process_count": 1,
+            "is_master": True,
+            "is_local_master": True,
+        }
         assert torch.load(tmp_path / f"{rank}.pt").tolist() == [0.0, 1.0, 2.0, 3.0]
 
 

@@ -21,24 +21,31 @@ def installed(tmp_path: Path, **versions: str) -> dict[str, str]:
 
 
 @pytest.mark.torch_xla  # torch_xla's preflight order (TorchTPU checks its TPU_LIBRARY_PATH first)
-@pytest.mark.parametrize("device, env, lacking", [
-    ("tpu", {"TPU_LIBRARY_PATH": "/opt/libtpu.so"}, "TPU chips"),
-    ("neuron", {"libneuronxla": "2.2.0"}, "Neuron devices"),
-    ("cuda", {"torch_xla": "2.8.1", "torch": "2.8.0"}, "NVIDIA GPUs"),
-])
+@pytest.mark.parametrize(
+    "device, env, lacking",
+    [
+        ("tpu", {"TPU_LIBRARY_PATH": "/opt/libtpu.so"}, "TPU chips"),
+        ("neuron", {"libneuronxla": "2.2.0"}, "Neuron devices"),
+        ("cuda", {"torch_xla": "2.8.1", "torch": "2.8.0"}, "NVIDIA GPUs"),
+    ],
+)
 @pytest.mark.parametrize("asked", ["flag", "PJRT_DEVICE"])
-def test_a_device_the_host_lacks_is_one_line_and_nothing_starts(tmp_path: Path, device: str, env: dict[str, str],
-                                                                lacking: str, asked: str) -> None:
+def test_a_device_the_host_lacks_is_one_line_and_nothing_starts(
+    tmp_path: Path, device: str, env: dict[str, str], lacking: str, asked: str
+) -> None:
     variables = {name: value for name, value in env.items() if name.isupper()}
     variables.update(installed(tmp_path, **{name: value for name, value in env.items() if not name.isupper()}))
     flags = ["--device", device] if asked == "flag" else []
     if asked == "PJRT_DEVICE":
         variables["PJRT_DEVICE"] = device.upper()
-    result = run_xlarun(*flags, "--master-port", free_port(), worker("dump_env.py"),
-                        env={**variables, "DUMP_DIR": str(tmp_path)})
+    result = run_xlarun(
+        *flags, "--master-port", free_port(), worker("dump_env.py"), env={**variables, "DUMP_DIR": str(tmp_path)}
+    )
     assert result.returncode == 2, result.stderr
-    assert result.stderr == f"xlarun: error: device {device} was asked for, but this host has no {lacking}: " \
-                            f"run on a {device} host, or plan for one with --dry-run\n"
+    assert (
+        result.stderr == f"xlarun: error: device {device} was asked for, but this host has no {lacking}: "
+        f"run on a {device} host, or plan for one with --dry-run\n"
+    )
     assert not list(tmp_path.glob("*.json")), "a worker started"
 
 

@@ -42,8 +42,9 @@ def test_console_events_read_back_by_torch_in_torchruns_order(scenario: str, tmp
     for name, launch in (("xlarun", run_xlarun), ("torchrun", run_torchrun)):
         out = tmp_path / name
         out.mkdir()
-        run = launch("--event-log-handler", "console", *flags, "--nproc-per-node", "2", worker(script), out,
-                     *script_args)
+        run = launch(
+            "--event-log-handler", "console", *flags, "--nproc-per-node", "2", worker(script), out, *script_args
+        )
         outcomes[name] = (run.returncode, torchelastic_events(run.stderr))
     (xlarun_code, ours), (torchrun_code, theirs) = outcomes["xlarun"], outcomes["torchrun"]
     assert (xlarun_code == 0) == (torchrun_code == 0)  # xlarun exits with the failed worker's code, torchrun 1
@@ -53,13 +54,16 @@ def test_console_events_read_back_by_torch_in_torchruns_order(scenario: str, tmp
         assert set(event.metadata) == set(theirs[0].metadata)
     failed = [event for event in ours if event.name.endswith(".FAILED")]
     assert [event.metadata["global_rank"] for event in failed] == [1] * (scenario == "rank 1 fails")
-    assert [event.metadata["agent_restarts"] for event in ours] == [event.metadata["agent_restarts"] for event in theirs]
+    assert [event.metadata["agent_restarts"] for event in ours] == [
+        event.metadata["agent_restarts"] for event in theirs
+    ]
 
 
 @pytest.mark.parametrize("handler", ["null", "dynamic_rendezvous"])
 def test_torchruns_silent_handlers_write_no_event(handler: str, tmp_path: Path) -> None:
-    run = run_xlarun("--event-log-handler", handler, "--nproc-per-node", "2", worker("faults.py"), tmp_path,
-                     "exit:0:0", "exit:0:0")
+    run = run_xlarun(
+        "--event-log-handler", handler, "--nproc-per-node", "2", worker("faults.py"), tmp_path, "exit:0:0", "exit:0:0"
+    )
     assert run.returncode == 0
     assert TORCHELASTIC_LINE not in run.stderr
 
@@ -68,7 +72,8 @@ def test_unknown_handler_is_refused_in_one_line(tmp_path: Path) -> None:
     run = run_xlarun("--event-log-handler", "file", worker("faults.py"), tmp_path, "exit:0:0")
     assert run.returncode == 2
     assert run.stderr.strip().splitlines() == [
-        "xlarun: error: --event-log-handler='file' is invalid: expected one of null, console, dynamic_rendezvous"]
+        "xlarun: error: --event-log-handler='file' is invalid: expected one of null, console, dynamic_rendezvous"
+    ]
     assert not (tmp_path / "0.pid").exists()
 
 
@@ -89,8 +94,16 @@ def test_metrics_file_is_a_whole_exposition_at_every_read(tmp_path: Path) -> Non
     reader = threading.Thread(target=poll)
     reader.start()
     try:
-        launcher = start_xlarun("--metrics-textfile", metrics, "--nproc-per-node", "2", worker("faults.py"), tmp_path,
-                                "exit:0:1", "exit:7:1.5")
+        launcher = start_xlarun(
+            "--metrics-textfile",
+            metrics,
+            "--nproc-per-node",
+            "2",
+            worker("faults.py"),
+            tmp_path,
+            "exit:0:1",
+            "exit:7:1.5",
+        )
         run = finish(launcher)
     finally:
         stop.set()
@@ -99,8 +112,13 @@ def test_metrics_file_is_a_whole_exposition_at_every_read(tmp_path: Path) -> Non
     samples = []
     for text in reads:
         assert text.endswith("\n")
-        samples.append({(sample.name, sample.labels.get("rank")): sample.value
-                        for family in parser.text_string_to_metric_families(text) for sample in family.samples})
+        samples.append(
+            {
+                (sample.name, sample.labels.get("rank")): sample.value
+                for family in parser.text_string_to_metric_families(text)
+                for sample in family.samples
+            }
+        )
     assert any(read[("xlarun_up", None)] == 1 and read[("xlarun_workers_running", None)] == 2 for read in samples)
     last = samples[-1]
     assert last[("xlarun_up", None)] == 0, run.stderr
@@ -127,11 +145,13 @@ def notify_socket(request: pytest.FixtureRequest) -> Iterator[tuple[socket.socke
         receiver.close()
 
 
-def test_systemd_hears_ready_once_the_workers_run_and_each_change(notify_socket: tuple[socket.socket, str],
-                                                                  tmp_path: Path) -> None:
+def test_systemd_hears_ready_once_the_workers_run_and_each_change(
+    notify_socket: tuple[socket.socket, str], tmp_path: Path
+) -> None:
     receiver, name = notify_socket
-    run = run_xlarun("--nproc-per-node", "2", worker("faults.py"), tmp_path, "exit:0:0.5", "exit:0:0.5",
-                     env={"NOTIFY_SOCKET": name})
+    run = run_xlarun(
+        "--nproc-per-node", "2", worker("faults.py"), tmp_path, "exit:0:0.5", "exit:0:0.5", env={"NOTIFY_SOCKET": name}
+    )
     assert run.returncode == 0, run.stderr
     receiver.setblocking(False)
     messages = []

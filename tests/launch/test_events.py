@@ -24,8 +24,7 @@ LOOP = worker("mn_allreduce_loop.py")
 TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
 SECRET = "s3cr3t-value-never-logged"
 RFC3339_UTC_MICROSECONDS = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z$")
-ENVELOPE = ["schema_version", "seq", "time", "run_id", "node_rank", "host", "attempt", "name", "trace_id",
-            "attributes"]
+ENVELOPE = ["schema_version", "seq", "time", "run_id", "node_rank", "host", "attempt", "name", "trace_id", "attributes"]
 
 
 def events(path: Path) -> list[dict[str, Any]]:
@@ -37,22 +36,38 @@ def names(log: list[dict[str, Any]]) -> list[str]:
 
 
 def exit_codes(summary: dict[str, Any]) -> dict[tuple[int, int], int | None]:
-    return {(attempt["attempt"], worker["rank"]): worker["exitcode"]
-            for attempt in summary["attempts"] for worker in attempt["workers"]}
+    return {
+        (attempt["attempt"], worker["rank"]): worker["exitcode"]
+        for attempt in summary["attempts"]
+        for worker in attempt["workers"]
+    }
 
 
-def test_a_two_worker_run_writes_its_events_in_order_with_the_summarys_exit_codes(tmp_path: Path,
-                                                                                 out_dir: Path) -> None:
+def test_a_two_worker_run_writes_its_events_in_order_with_the_summarys_exit_codes(
+    tmp_path: Path, out_dir: Path
+) -> None:
     log, summary_file = tmp_path / "ev.jsonl", tmp_path / "run.json"
-    env = {"DUMP_DIR": str(out_dir), "TRACEPARENT": TRACEPARENT, "TRACESTATE": "vendor=abc", "BAGGAGE": "k=v",
-           "HF_TOKEN": SECRET}
+    env = {
+        "DUMP_DIR": str(out_dir),
+        "TRACEPARENT": TRACEPARENT,
+        "TRACESTATE": "vendor=abc",
+        "BAGGAGE": "k=v",
+        "HF_TOKEN": SECRET,
+    }
     run = run_xlarun("--event-log", log, "--summary-file", summary_file, "--nproc-per-node", 2, DUMP_ENV, env=env)
     assert run.returncode == 0, run.stderr
 
     log_events = events(log)
-    assert names(log_events) == ["launch.started", "rendezvous.started", "rendezvous.completed",
-                                 "worker.started", "worker.started", "worker.exited", "worker.exited",
-                                 "launch.finished"]
+    assert names(log_events) == [
+        "launch.started",
+        "rendezvous.started",
+        "rendezvous.completed",
+        "worker.started",
+        "worker.started",
+        "worker.exited",
+        "worker.exited",
+        "launch.finished",
+    ]
     assert [event["seq"] for event in log_events] == list(range(1, 9))
     summary = json.loads(summary_file.read_text())
     for event in log_events:
@@ -60,8 +75,11 @@ def test_a_two_worker_run_writes_its_events_in_order_with_the_summarys_exit_code
         assert event["schema_version"] == 1 and RFC3339_UTC_MICROSECONDS.match(event["time"]), event
         assert (event["run_id"], event["node_rank"], event["attempt"]) == (summary["run_id"], 0, 0)
         assert event["trace_id"] == "4bf92f3577b34da6a3ce929d0e0e4736"
-    exited = {(event["attempt"], event["attributes"]["rank"]): event["attributes"]["process.exit.code"]
-              for event in log_events if event["name"] == "worker.exited"}
+    exited = {
+        (event["attempt"], event["attributes"]["rank"]): event["attributes"]["process.exit.code"]
+        for event in log_events
+        if event["name"] == "worker.exited"
+    }
     assert exited == exit_codes(summary) == {(0, 0): 0, (0, 1): 0}
     pids = {worker["pid"] for worker in summary["attempts"][0]["workers"]}
     assert {event["attributes"]["process.pid"] for event in log_events if event["name"] == "worker.started"} == pids
@@ -84,21 +102,45 @@ def test_without_an_event_log_the_summary_is_as_before(tmp_path: Path, out_dir: 
 
 def test_a_restart_is_an_event_and_the_second_attempt_has_its_own(tmp_path: Path, out_dir: Path) -> None:
     log, summary_file = tmp_path / "ev.jsonl", tmp_path / "run.json"
-    run = run_xlarun("--event-log", log, "--summary-file", summary_file, "--max-restarts", 1,
-                     "--nproc-per-node", 2, FAIL_ATTEMPTS, out_dir, 1)
+    run = run_xlarun(
+        "--event-log",
+        log,
+        "--summary-file",
+        summary_file,
+        "--max-restarts",
+        1,
+        "--nproc-per-node",
+        2,
+        FAIL_ATTEMPTS,
+        out_dir,
+        1,
+    )
     assert run.returncode == 0, run.stderr
     log_events = events(log)
     restart = names(log_events).index("restart")
     assert log_events[restart]["attributes"] == {"restarts_left": 0, "admitting": False}
-    before, after = log_events[:restart], log_events[restart + 1:]
+    before, after = log_events[:restart], log_events[restart + 1 :]
     assert {event["attempt"] for event in before[1:]} == {0} and {event["attempt"] for event in after} == {1}
-    assert names(after) == ["rendezvous.started", "rendezvous.completed", "worker.started", "worker.started",
-                            "worker.exited", "worker.exited", "launch.finished"]
-    failed = [event["attributes"] for event in before if event["name"] == "worker.exited"
-              and not event["attributes"]["expected"]]
+    assert names(after) == [
+        "rendezvous.started",
+        "rendezvous.completed",
+        "worker.started",
+        "worker.started",
+        "worker.exited",
+        "worker.exited",
+        "launch.finished",
+    ]
+    failed = [
+        event["attributes"]
+        for event in before
+        if event["name"] == "worker.exited" and not event["attributes"]["expected"]
+    ]
     assert [(attributes["rank"], attributes["process.exit.code"]) for attributes in failed] == [(0, 5)]
-    exited = {(event["attempt"], event["attributes"]["rank"]): event["attributes"]["process.exit.code"]
-              for event in log_events if event["name"] == "worker.exited"}
+    exited = {
+        (event["attempt"], event["attributes"]["rank"]): event["attributes"]["process.exit.code"]
+        for event in log_events
+        if event["name"] == "worker.exited"
+    }
     assert exited == exit_codes(json.loads(summary_file.read_text()))
 
 
@@ -125,8 +167,11 @@ def test_a_log_that_takes_nothing_costs_events_not_the_run(tmp_path: Path, out_d
     assert run.returncode == plain.returncode == 0, run.stderr
     summary, plain_record = json.loads(summary_file.read_text()), json.loads(plain_summary.read_text())
     assert summary.pop("events_dropped") > 0
-    assert (summary["result"], summary["exit_code"], summary["restarts"]) == \
-           (plain_record["result"], plain_record["exit_code"], plain_record["restarts"])
+    assert (summary["result"], summary["exit_code"], summary["restarts"]) == (
+        plain_record["result"],
+        plain_record["exit_code"],
+        plain_record["restarts"],
+    )
     assert exit_codes(summary) == exit_codes(plain_record)
     [said] = [line for line in run.stderr.splitlines() if "dropped" in line]
     assert said.startswith(f"xlarun: the event log {log}: ") and " events dropped (" in said, run.stderr
@@ -135,13 +180,23 @@ def test_a_log_that_takes_nothing_costs_events_not_the_run(tmp_path: Path, out_d
         assert stat.S_ISFIFO(os.stat(log).st_mode)  # still the FIFO: nothing replaced it with a file
 
 
-def test_a_lost_node_is_an_event_on_node_0_within_the_heartbeat_timeout(nodes: Nodes, tmp_path: Path,
-                                                                       out_dir: Path, port: int) -> None:
+def test_a_lost_node_is_an_event_on_node_0_within_the_heartbeat_timeout(
+    nodes: Nodes, tmp_path: Path, out_dir: Path, port: int
+) -> None:
     logs = [tmp_path / "node0.jsonl", tmp_path / "node1.jsonl"]
     agents = []
     for node_rank in (0, 1):
-        agents.append(nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", "heartbeat_timeout=3",
-                                  "--event-log", logs[node_rank], LOOP, out_dir))
+        agents.append(
+            nodes.start(
+                *static(port, node_rank, 2, 1),
+                "--rdzv_conf",
+                "heartbeat_timeout=3",
+                "--event-log",
+                logs[node_rank],
+                LOOP,
+                out_dir,
+            )
+        )
         wait_for(lambda: listeners(port), f"the store to listen on port {port}")
     nodes.wait_for_records(2)
     survivor, victim = agents
@@ -169,9 +224,21 @@ def test_a_lost_node_is_an_event_on_node_0_within_the_heartbeat_timeout(nodes: N
 def test_the_dry_run_names_the_files_the_run_would_write(tmp_path: Path) -> None:
     log, summary_file = tmp_path / "ev.jsonl", tmp_path / "run.json"
     metrics = tmp_path / "xlarun.prom"
-    document = plan("--event-log", log, "--summary-file", summary_file, "--metrics-textfile", metrics,
-                    "--nproc-per-node", 1, DUMP_ENV)
-    assert document["files"] == {"event_log": str(log), "summary_file": str(summary_file),
-                                 "metrics_textfile": str(metrics)}
+    document = plan(
+        "--event-log",
+        log,
+        "--summary-file",
+        summary_file,
+        "--metrics-textfile",
+        metrics,
+        "--nproc-per-node",
+        1,
+        DUMP_ENV,
+    )
+    assert document["files"] == {
+        "event_log": str(log),
+        "summary_file": str(summary_file),
+        "metrics_textfile": str(metrics),
+    }
     assert not log.exists() and not metrics.exists()
     assert plan("--nproc-per-node", 1, DUMP_ENV)["files"]["event_log"] is None

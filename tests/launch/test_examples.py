@@ -50,6 +50,7 @@ HOST_CHIP_BOUNDS = {1: (1, 1, 1), 4: (2, 2, 1), 8: (2, 4, 1)}
 
 # ---- helpers
 
+
 def recorded_environ(name: str) -> dict[str, str]:
     return json.loads((CLUSTER_FIXTURES / f"{name}.json").read_text())["environ"]
 
@@ -76,12 +77,13 @@ def written_commands(path: Path) -> list[list[str]]:
 
 def srun_lines(path: Path) -> list[list[str]]:
     """The script's srun command lines, split as the shell splits them."""
-    return [shlex.split(line, comments=True) for line in logical_lines(path.read_text())
-            if line.strip().startswith("srun ")]
+    return [
+        shlex.split(line, comments=True) for line in logical_lines(path.read_text()) if line.strip().startswith("srun ")
+    ]
 
 
 def after_xlarun(argv: Sequence[str]) -> list[str]:
-    return list(argv[argv.index("xlarun"):])
+    return list(argv[argv.index("xlarun") :])
 
 
 def container_command(container: Mapping) -> list[str]:
@@ -102,6 +104,7 @@ def worker_env(plan: Mapping, local_rank: int) -> dict[str, str]:
 
 # ---- every example
 
+
 @pytest.mark.parametrize("path", [PYTORCHJOB, GKE_TPU_JOB], ids=lambda path: path.name)
 def test_manifests_are_kubernetes_objects(path: Path) -> None:
     documents = manifests(path)
@@ -115,11 +118,12 @@ def test_manifests_are_kubernetes_objects(path: Path) -> None:
 @pytest.mark.parametrize("path", [SBATCH, PYTORCHJOB, GKE_TPU_JOB, HF_TRAINER], ids=lambda path: path.name)
 def test_each_example_opens_with_what_it_is_and_how_to_adapt_it(path: Path) -> None:
     text = path.read_text()
-    opening = text[:text.index("apiVersion")] if path.suffix == ".yaml" else text[:3000]
+    opening = text[: text.index("apiVersion")] if path.suffix == ".yaml" else text[:3000]
     assert "adapt" in opening.lower(), f"{path.name} does not say how to adapt it before it starts"
 
 
 # ---- Slurm, Neuron trn1
+
 
 def test_sbatch_script_is_valid_bash() -> None:
     result = subprocess.run(["bash", "-n", str(SBATCH)], check=False, capture_output=True, text=True)
@@ -129,8 +133,7 @@ def test_sbatch_script_is_valid_bash() -> None:
 def test_sbatch_options_come_before_the_first_command() -> None:
     # sbatch stops reading #SBATCH lines at the first line that is neither a comment nor blank.
     lines = SBATCH.read_text().splitlines()
-    first_command = next(index for index, line in enumerate(lines)
-                         if line.strip() and not line.startswith("#"))
+    first_command = next(index for index, line in enumerate(lines) if line.strip() and not line.startswith("#"))
     options = [index for index, line in enumerate(lines) if line.startswith("#SBATCH")]
     assert options and max(options) < first_command
     assert "#SBATCH --ntasks-per-node=1" in lines
@@ -138,15 +141,16 @@ def test_sbatch_options_come_before_the_first_command() -> None:
 
 def test_sbatch_exports_efa_settings_of_aws_recipes() -> None:
     exported = dict(re.findall(r"^export (\w+)=(\S+)$", SBATCH.read_text(), re.MULTILINE))
-    assert {name: exported.get(name) for name in
-            ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "MALLOC_ARENA_MAX")} == {
-        "FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1", "MALLOC_ARENA_MAX": "64"}
+    assert {
+        name: exported.get(name)
+        for name in ("FI_PROVIDER", "FI_EFA_USE_DEVICE_RDMA", "FI_EFA_FORK_SAFE", "MALLOC_ARENA_MAX")
+    } == {"FI_PROVIDER": "efa", "FI_EFA_USE_DEVICE_RDMA": "1", "FI_EFA_FORK_SAFE": "1", "MALLOC_ARENA_MAX": "64"}
 
 
 def test_sbatch_starts_one_xlarun_per_node() -> None:
     launches = [line for line in srun_lines(SBATCH) if "xlarun" in line]
     assert len(launches) == 1
-    srun_options = launches[0][1:launches[0].index("xlarun")]
+    srun_options = launches[0][1 : launches[0].index("xlarun")]
     assert "--ntasks-per-node=1" in srun_options  # --cluster slurm refuses several tasks on a node
 
 
@@ -163,8 +167,10 @@ def test_sbatch_xlarun_line_plans_a_trn1_step_alike_on_every_node() -> None:
             env = worker["env"]
             assert (env["PJRT_DEVICE"], env["NEURON_PJRT_WORLD_SIZE"]) == ("NEURON", "96")
             assert env["NEURON_PJRT_PROCESS_INDEX"] == str(32 * node + local_rank)
-    agreed = {(plan["master_addr"], plan["master_port"], plan["run_id"],
-               worker_env(plan, 0)["NEURON_RT_ROOT_COMM_ID"]) for plan in plans}
+    agreed = {
+        (plan["master_addr"], plan["master_port"], plan["run_id"], worker_env(plan, 0)["NEURON_RT_ROOT_COMM_ID"])
+        for plan in plans
+    }
     assert len(agreed) == 1
     master_addr, master_port, run_id, root_comm_id = agreed.pop()
     assert (master_addr, run_id) == ("trn003", "4242.3")
@@ -172,6 +178,7 @@ def test_sbatch_xlarun_line_plans_a_trn1_step_alike_on_every_node() -> None:
 
 
 # ---- Kubeflow PyTorchJob
+
 
 def pytorchjob_pod_environ(job: Mapping, replica_type: str, index: int) -> dict[str, str]:
     """What the training operator sets on a pod of ``job``: the recorded master or worker pod,
@@ -185,10 +192,19 @@ def pytorchjob_pod_environ(job: Mapping, replica_type: str, index: int) -> dict[
     node_rank = 0 if replica_type == "Master" else index + 1
     master_addr = "localhost" if replica_type == "Master" else f"{name}-master-0"
     recorded = recorded_environ("k8s_pytorchjob_master" if replica_type == "Master" else "k8s_pytorchjob_worker1")
-    return {**recorded, "HOSTNAME": f"{name}-{replica_type.lower()}-{index}",
-            "MASTER_ADDR": master_addr, "PET_MASTER_ADDR": master_addr, "MASTER_PORT": port, "PET_MASTER_PORT": port,
-            "WORLD_SIZE": str(nnodes * int(nproc)), "RANK": str(node_rank), "PET_NODE_RANK": str(node_rank),
-            "PET_NNODES": str(nnodes), "PET_NPROC_PER_NODE": nproc}
+    return {
+        **recorded,
+        "HOSTNAME": f"{name}-{replica_type.lower()}-{index}",
+        "MASTER_ADDR": master_addr,
+        "PET_MASTER_ADDR": master_addr,
+        "MASTER_PORT": port,
+        "PET_MASTER_PORT": port,
+        "WORLD_SIZE": str(nnodes * int(nproc)),
+        "RANK": str(node_rank),
+        "PET_NODE_RANK": str(node_rank),
+        "PET_NNODES": str(nnodes),
+        "PET_NPROC_PER_NODE": nproc,
+    }
 
 
 def pytorch_container(replica: Mapping) -> dict:
@@ -237,6 +253,7 @@ def test_pytorchjob_command_plans_every_pod_alike() -> None:
 
 # ---- GKE, multi-host TPU slice
 
+
 def gke_slice(path: Path) -> dict:
     """The Job's slice: its hosts, chips per host and the names GKE gives the pods."""
     documents = by_kind(path)
@@ -248,8 +265,16 @@ def gke_slice(path: Path) -> dict:
     chips_per_host = int(container["resources"]["limits"]["google.com/tpu"])
     hosts = math.prod(dims) // chips_per_host
     names = [f"{job['metadata']['name']}-{index}.{pod['subdomain']}" for index in range(hosts)]
-    return {"service": service, "job": job, "pod": pod, "container": container, "dims": dims,
-            "chips_per_host": chips_per_host, "hosts": hosts, "hostnames": names}
+    return {
+        "service": service,
+        "job": job,
+        "pod": pod,
+        "container": container,
+        "dims": dims,
+        "chips_per_host": chips_per_host,
+        "hosts": hosts,
+        "hostnames": names,
+    }
 
 
 def gke_pod_environ(slice_: Mapping, worker_id: int) -> dict[str, str]:
@@ -259,13 +284,16 @@ def gke_pod_environ(slice_: Mapping, worker_id: int) -> dict[str, str]:
     assert accelerator in GKE_ACCELERATOR_TYPES, f"add {accelerator} to GKE_ACCELERATOR_TYPES"
     chip_bounds = HOST_CHIP_BOUNDS[slice_["chips_per_host"]]
     host_bounds = [dim // chips for dim, chips in zip(slice_["dims"], chip_bounds, strict=True)]
-    return {**recorded_environ("gke_tpu_worker1"),
-            "HOSTNAME": slice_["hostnames"][worker_id].split(".")[0],
-            "TPU_WORKER_ID": str(worker_id), "TPU_WORKER_HOSTNAMES": ",".join(slice_["hostnames"]),
-            "TPU_ACCELERATOR_TYPE": GKE_ACCELERATOR_TYPES[accelerator](math.prod(slice_["dims"])),
-            "TPU_TOPOLOGY": "x".join(map(str, slice_["dims"])),
-            "TPU_HOST_BOUNDS": ",".join(map(str, host_bounds)),
-            "TPU_CHIPS_PER_HOST_BOUNDS": ",".join(map(str, chip_bounds))}
+    return {
+        **recorded_environ("gke_tpu_worker1"),
+        "HOSTNAME": slice_["hostnames"][worker_id].split(".")[0],
+        "TPU_WORKER_ID": str(worker_id),
+        "TPU_WORKER_HOSTNAMES": ",".join(slice_["hostnames"]),
+        "TPU_ACCELERATOR_TYPE": GKE_ACCELERATOR_TYPES[accelerator](math.prod(slice_["dims"])),
+        "TPU_TOPOLOGY": "x".join(map(str, slice_["dims"])),
+        "TPU_HOST_BOUNDS": ",".join(map(str, host_bounds)),
+        "TPU_CHIPS_PER_HOST_BOUNDS": ",".join(map(str, chip_bounds)),
+    }
 
 
 def test_gke_job_runs_one_pod_per_host_of_the_slice_behind_its_headless_service() -> None:
@@ -306,6 +334,7 @@ def test_gke_job_commands_plan_every_host_alike() -> None:
 
 # ---- Python examples' documented command lines
 
+
 @pytest.mark.parametrize("path", sorted(EXAMPLES.glob("*.py")), ids=lambda path: path.name)
 def test_documented_command_lines_plan(path: Path) -> None:
     commands = written_commands(path)
@@ -322,6 +351,7 @@ def test_documented_command_lines_plan(path: Path) -> None:
 
 
 # ---- what the Python examples say they print, run as they say
+
 
 def run_documented(path: Path) -> str:
     """The stdout of the example's one documented command line, run on a free port."""
@@ -340,23 +370,31 @@ def test_allreduce_prints_the_line_its_docstring_shows() -> None:
     for rank, line in enumerate(lines):
         values = dict(token.split("=", 1) for token in line.split())
         assert list(values) == names, f"{line!r} is not {shown!r}"
-        assert (values["rank"], values["world"], values["sum"], values["local_rank"]) == (str(rank), "2", "1", str(rank))
+        assert (values["rank"], values["world"], values["sum"], values["local_rank"]) == (
+            str(rank),
+            "2",
+            "1",
+            str(rank),
+        )
 
 
 @pytest.mark.torch_xla
 def test_spmd_fsdp_shards_each_parameter_as_its_docstring_lists() -> None:
     docstring = ast.get_docstring(ast.parse((EXAMPLES / "spmd_fsdp.py").read_text())) or ""
-    listed = {line.split()[0]: line.split()[-1] for line in docstring.splitlines()
-              if line.strip().startswith("_orig_module.")}
+    listed = {
+        line.split()[0]: line.split()[-1] for line in docstring.splitlines() if line.strip().startswith("_orig_module.")
+    }
     assert len(listed) == 4, docstring
-    reports = [json.loads(line) for line in run_documented(EXAMPLES / "spmd_fsdp.py").splitlines()
-               if line.startswith("{")]
+    reports = [
+        json.loads(line) for line in run_documented(EXAMPLES / "spmd_fsdp.py").splitlines() if line.startswith("{")
+    ]
     assert len(reports) == 1, reports
     assert reports[0]["devices"] == 4
     assert reports[0]["shardings"] == listed
 
 
 # ---- Hugging Face Trainer, FSDPv2 on four virtual CPU devices
+
 
 def hf_trainer_missing() -> str | None:
     missing = [name for name in ("transformers", "accelerate") if importlib.util.find_spec(name) is None]
@@ -368,12 +406,17 @@ def hf_trainer_missing() -> str | None:
 def test_hf_trainer_fsdp_v2_trains_sharded_over_four_cpu_devices(tmp_path: Path) -> None:
     (command,) = [command for command in written_commands(HF_TRAINER) if "cpu" in command]
     # --standalone: a free port, whatever else runs on this machine.
-    result = run_xlarun("--standalone", *command[1:], cwd=REPO, timeout=TRAINING_TIMEOUT_S,
-                        env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"})
+    result = run_xlarun(
+        "--standalone",
+        *command[1:],
+        cwd=REPO,
+        timeout=TRAINING_TIMEOUT_S,
+        env={"HF_HOME": str(tmp_path / "hf"), "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stderr[-4000:]
     # The Trainer's arguments are spelt as the installed transformers documents them, not a deprecated way.
     assert [line for line in result.stderr.splitlines() if "fsdp" in line and "deprecated" in line] == []
-    (report,) = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{\"devices\"")]
+    (report,) = [json.loads(line) for line in result.stdout.splitlines() if line.startswith('{"devices"')]
     assert report["devices"] == 4
     assert report["q_proj_sharding"] == "{devices=[4,1]0,1,2,3}"
     assert math.isfinite(report["train_loss"]) and report["train_loss"] > 0
@@ -394,7 +437,8 @@ def test_gke_multislice_jobset_plans_its_hosts_slice_by_slice_with_one_coordinat
     (container,) = pod["containers"]
     env = {item["name"]: item for item in container["env"]}
     assert env["MEGASCALE_SLICE_ID"]["valueFrom"]["fieldRef"]["fieldPath"] == (
-        "metadata.labels['jobset.sigs.k8s.io/job-index']")
+        "metadata.labels['jobset.sigs.k8s.io/job-index']"
+    )
     assert env["MEGASCALE_NUM_SLICES"]["value"] == str(slices)
     coordinator = env["MEGASCALE_COORDINATOR_ADDRESS"]["value"]
     slice_0_pod_0 = f"{name}-{replicated['name']}-0-0.{name}"
@@ -404,12 +448,22 @@ def test_gke_multislice_jobset_plans_its_hosts_slice_by_slice_with_one_coordinat
     for slice_id in range(slices):
         names = [f"{name}-{replicated['name']}-{slice_id}-{index}.{name}" for index in range(hosts)]
         for worker_id in range(hosts):
-            plans.append(dry_run(container_command(container), {
-                **recorded_environ("gke_tpu_multislice_slice1_worker0"), "TPU_WORKER_ID": str(worker_id),
-                "TPU_WORKER_HOSTNAMES": ",".join(names), "MEGASCALE_SLICE_ID": str(slice_id),
-                "MEGASCALE_NUM_SLICES": str(slices), "MEGASCALE_COORDINATOR_ADDRESS": coordinator}))
+            plans.append(
+                dry_run(
+                    container_command(container),
+                    {
+                        **recorded_environ("gke_tpu_multislice_slice1_worker0"),
+                        "TPU_WORKER_ID": str(worker_id),
+                        "TPU_WORKER_HOSTNAMES": ",".join(names),
+                        "MEGASCALE_SLICE_ID": str(slice_id),
+                        "MEGASCALE_NUM_SLICES": str(slices),
+                        "MEGASCALE_COORDINATOR_ADDRESS": coordinator,
+                    },
+                )
+            )
     assert [plan["node_rank"] for plan in plans] == list(range(slices * hosts))
     assert {plan["master_addr"] for plan in plans} == {slice_0_pod_0}
     assert {worker["env"]["MEGASCALE_COORDINATOR_ADDRESS"] for plan in plans for worker in plan["workers"]} == {
-        coordinator}
+        coordinator
+    }
     assert all(plan["world_size"] == slices * hosts * chips for plan in plans)

@@ -17,14 +17,23 @@ def test_success_exits_0(out_dir: Path, port: int) -> None:
 
 
 def test_worker_exit_code_passes_through(out_dir: Path, port: int) -> None:
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, worker("signal_recorder.py"), out_dir,
-                        "--fail-rank", "1", "--code", "3")
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        worker("signal_recorder.py"),
+        out_dir,
+        "--fail-rank",
+        "1",
+        "--code",
+        "3",
+    )
     assert result.returncode == 3, result.stderr
 
 
 def test_worker_killed_by_sigkill_exits_137(port: int) -> None:
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, worker("chatter.py"), "1",
-                        "--crash-rank", "1")
+    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, worker("chatter.py"), "1", "--crash-rank", "1")
     assert result.returncode == 128 + signal.SIGKILL, result.stderr
 
 
@@ -48,4 +57,5 @@ def test_worker_that_cannot_be_started_is_a_launcher_failure(tmp_path: Path, por
     result = run_xlarun("--no-python", "--master_port", port, program)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
-        f"xlarun: workers stopped: cannot start local rank 0: {program}: No such file or directory"]
+        f"xlarun: workers stopped: cannot start local rank 0: {program}: No such file or directory"
+    ]

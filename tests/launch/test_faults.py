@@ -31,11 +31,26 @@ def faults(out_dir: Path, *actions: str) -> list[str]:
 
 
 def launch(out_dir: Path, *actions: str, extra: tuple[str, ...] = (), **popen: object) -> subprocess.Popen:
-    command = [*XLARUN, "--nproc_per_node", str(len(actions)), "--master_port", str(free_port()),
-               "--kill-timeout", str(GRACE_S), "--summary-file", str(out_dir / "summary.json"), *extra,
-               *faults(out_dir, *actions)]
-    options: dict = {"env": clean_env(), "stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE,
-                     "stderr": subprocess.PIPE, **popen}
+    command = [
+        *XLARUN,
+        "--nproc_per_node",
+        str(len(actions)),
+        "--master_port",
+        str(free_port()),
+        "--kill-timeout",
+        str(GRACE_S),
+        "--summary-file",
+        str(out_dir / "summary.json"),
+        *extra,
+        *faults(out_dir, *actions),
+    ]
+    options: dict = {
+        "env": clean_env(),
+        "stdin": subprocess.DEVNULL,
+        "stdout": subprocess.PIPE,
+        "stderr": subprocess.PIPE,
+        **popen,
+    }
     return subprocess.Popen(command, **options)
 
 
@@ -186,8 +201,10 @@ def test_ctrl_z_suspends_the_workers_with_the_launcher(out_dir: Path) -> None:
     try:
         wait_for(lambda: len(worker_pids(out_dir)) == 2, "the workers to start")
         launcher.send_signal(signal.SIGTSTP)
-        wait_for(lambda: all(process_state(pid) == "T" for pid in [launcher.pid, *worker_pids(out_dir)]),
-                 "the launcher and its workers to stop")
+        wait_for(
+            lambda: all(process_state(pid) == "T" for pid in [launcher.pid, *worker_pids(out_dir)]),
+            "the launcher and its workers to stop",
+        )
         time.sleep(4)  # longer than the workers would have run
         assert all(process_state(pid) == "T" for pid in worker_pids(out_dir))
         launcher.send_signal(signal.SIGCONT)

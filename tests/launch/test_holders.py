@@ -40,13 +40,17 @@ class Holders:
     def __init__(self) -> None:
         self.started: list[subprocess.Popen] = []
 
-    def hold(self, path: Path, *, run_id: str | None = None, name: str | None = None,
-             new_session: bool = False) -> int:
+    def hold(self, path: Path, *, run_id: str | None = None, name: str | None = None, new_session: bool = False) -> int:
         env = {key: value for key, value in os.environ.items() if key != "TORCHELASTIC_RUN_ID"}
         if run_id is not None:
             env["TORCHELASTIC_RUN_ID"] = run_id
-        process = subprocess.Popen([sys.executable, "-c", HOLD, str(path), *([name] if name else [])], env=env,
-                                   stdout=subprocess.PIPE, text=True, start_new_session=new_session)
+        process = subprocess.Popen(
+            [sys.executable, "-c", HOLD, str(path), *([name] if name else [])],
+            env=env,
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=new_session,
+        )
         self.started.append(process)
         assert process.stdout is not None and process.stdout.readline() == "holding\n"
         return process.pid
@@ -83,6 +87,7 @@ def make_files(root: Path, *names: str) -> None:
 
 # --- unit: which files, which processes (processes that hold files, no launcher) ------------------------------------------------------------------
 
+
 def test_find_holders_names_the_process_and_an_earlier_launch(tmp_path: Path, holders: Holders) -> None:
     make_files(tmp_path, "dev/accel0", "dev/accel1", "other")
     files = device_files("tpu", str(tmp_path))
@@ -106,8 +111,9 @@ def test_find_holders_names_the_process_and_an_earlier_launch(tmp_path: Path, ho
     assert line.endswith(f"stop it with: kill -- -{worker_pid}")
 
 
-def test_find_holders_skips_the_excluded_and_the_daemons_that_hold_gpus_by_design(tmp_path: Path,
-                                                                                    holders: Holders) -> None:
+def test_find_holders_skips_the_excluded_and_the_daemons_that_hold_gpus_by_design(
+    tmp_path: Path, holders: Holders
+) -> None:
     make_files(tmp_path, "dev/nvidia0")
     files = device_files("cuda", str(tmp_path))
     holders.hold(tmp_path / "dev" / "nvidia0", name="nvidia-persistenced")
@@ -123,12 +129,22 @@ def tpu_env(root: Path) -> Mapping[str, str]:
     return {"XLARUN_HOST_ROOT": str(root), "TPU_LIBRARY_PATH": str(root / "libtpu.so")}
 
 
-def test_a_held_device_refuses_the_launch_naming_the_holder(tpu_host: Path, holders: Holders, tmp_path: Path,
-                                                            port: int) -> None:
+def test_a_held_device_refuses_the_launch_naming_the_holder(
+    tpu_host: Path, holders: Holders, tmp_path: Path, port: int
+) -> None:
     holder = holders.hold(tpu_host / "dev" / "accel0", run_id="earlier", new_session=True)
     marker = tmp_path / "ran"
-    result = run_xlarun("--device", "tpu", "--nproc_per_node", "2", "--master_port", port, worker("marker.py"),
-                        marker, env=tpu_env(tpu_host))
+    result = run_xlarun(
+        "--device",
+        "tpu",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        worker("marker.py"),
+        marker,
+        env=tpu_env(tpu_host),
+    )
     assert result.returncode == 1, result.stderr
     *held, last = result.stderr.splitlines()
     assert [line for line in held if line.startswith(f"xlarun: pid {holder} holds ")] == held != []
@@ -138,44 +154,68 @@ def test_a_held_device_refuses_the_launch_naming_the_holder(tpu_host: Path, hold
     assert not marker.exists(), "a worker ran"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch_tpu") is None,
-                    reason="torch_tpu is not installed in this Python (the .venv stack)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch_tpu") is None, reason="torch_tpu is not installed in this Python (the .venv stack)"
+)
 def test_a_held_vfio_group_refuses_a_torchtpu_launch(tpu_host: Path, holders: Holders, tmp_path: Path) -> None:
     # TorchTPU opens the chips through /dev/vfio/<iommu group>.
     make_files(tpu_host, "dev/vfio/3", "dev/vfio/vfio")
     holder = holders.hold(tpu_host / "dev" / "vfio" / "3")
     marker = tmp_path / "ran"
-    result = run_xlarun("--runtime", "torchtpu", "--nproc_per_node", "2", worker("marker.py"), marker,
-                        env=tpu_env(tpu_host))
+    result = run_xlarun(
+        "--runtime", "torchtpu", "--nproc_per_node", "2", worker("marker.py"), marker, env=tpu_env(tpu_host)
+    )
     assert result.returncode == 1, result.stderr
     assert result.stderr.startswith(f"xlarun: pid {holder} holds {tpu_host.resolve()}/dev/vfio/3 ")
     assert "the tpu device is in use by 1 other process" in result.stderr.splitlines()[-1]
     assert not marker.exists(), "a worker ran"
 
 
-def test_sharing_on_purpose_starts_the_workers(tpu_host: Path, holders: Holders, tmp_path: Path,
-                                               port: int) -> None:
+def test_sharing_on_purpose_starts_the_workers(tpu_host: Path, holders: Holders, tmp_path: Path, port: int) -> None:
     holders.hold(tpu_host / "dev" / "accel0")
     marker = tmp_path / "ran"
-    result = run_xlarun(flag("allow_busy_device"), "--device", "tpu", "--nproc_per_node", "2", "--master_port",
-                        port, worker("marker.py"), marker, env=tpu_env(tpu_host))
+    result = run_xlarun(
+        flag("allow_busy_device"),
+        "--device",
+        "tpu",
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        worker("marker.py"),
+        marker,
+        env=tpu_env(tpu_host),
+    )
     assert result.returncode == 0, result.stderr
     assert marker.read_text() == "ran\nran\n"
 
 
 def test_a_free_device_starts_the_workers(tpu_host: Path, tmp_path: Path, port: int) -> None:
     marker = tmp_path / "ran"
-    result = run_xlarun("--device", "tpu", "--nproc_per_node", "1", "--master_port", port, worker("marker.py"),
-                        marker, env=tpu_env(tpu_host))
+    result = run_xlarun(
+        "--device",
+        "tpu",
+        "--nproc_per_node",
+        "1",
+        "--master_port",
+        port,
+        worker("marker.py"),
+        marker,
+        env=tpu_env(tpu_host),
+    )
     assert result.returncode == 0, result.stderr
     assert marker.exists()
 
 
 def test_the_dry_run_reports_holders_without_refusing(tpu_host: Path, holders: Holders) -> None:
     holder = holders.hold(tpu_host / "dev" / "accel1")
-    result = run_xlarun("--dry-run", "--device", "tpu", "--nproc_per_node", "2", worker("marker.py"), "never",
-                        env=tpu_env(tpu_host))
+    result = run_xlarun(
+        "--dry-run", "--device", "tpu", "--nproc_per_node", "2", worker("marker.py"), "never", env=tpu_env(tpu_host)
+    )
     assert result.returncode == 0, result.stderr
     [found] = json.loads(result.stdout)["device_holders"]
-    assert (found["pid"], found["devices"], found["stop"]) == (holder, [f"{tpu_host.resolve()}/dev/accel1"],
-                                                               f"kill {holder}")
+    assert (found["pid"], found["devices"], found["stop"]) == (
+        holder,
+        [f"{tpu_host.resolve()}/dev/accel1"],
+        f"kill {holder}",
+    )

@@ -30,6 +30,8 @@ from hosts import (
 HOSTS = ("127.0.0.2", "127.0.0.3")
 LOCAL_RSH = "env -i PATH=/usr/bin:/bin sh -c {command}"
 """A host's agent starts as a login would: with the host's environment, not the launcher's."""
+
+
 @pytest.fixture
 def start(out_dir: Path) -> Iterator[Callable[..., Job]]:
     started: list[Job] = []
@@ -56,17 +58,23 @@ def test_two_hosts_all_reduce_as_one_job(start: Callable[..., Job], out_dir: Pat
     run = start("--summary-file", summary, worker("mn_allreduce.py"), out_dir).finish()
     assert run.returncode == 0, run.stderr
     records = [json.loads((out_dir / f"{rank}.json").read_text()) for rank in range(4)]
-    assert [(record["rank"], record["world"], record["sum"]) for record in records] == [(rank, 4, 6)
-                                                                                       for rank in range(4)]
+    assert [(record["rank"], record["world"], record["sum"]) for record in records] == [
+        (rank, 4, 6) for rank in range(4)
+    ]
     record = json.loads(summary.read_text())
     assert (record["result"], record["exit_code"]) == ("succeeded", 0)
-    assert [(host["host"], host["node_rank"], host["transport_exit_status"], host["summary"]["exit_code"])
-            for host in record["hosts"]] == [(HOSTS[0], 0, 0, 0), (HOSTS[1], 1, 0, 0)]
+    assert [
+        (host["host"], host["node_rank"], host["transport_exit_status"], host["summary"]["exit_code"])
+        for host in record["hosts"]
+    ] == [(HOSTS[0], 0, 0, 0), (HOSTS[1], 1, 0, 0)]
     # Every node says the same of its own workers: its launcher's lines name the host they came from.
     notices = [line for line in run.stderr.splitlines() if "OMP_NUM_THREADS=1" in line]
-    assert sorted(notices) == sorted(f"xlarun: host {host}: OMP_NUM_THREADS=1 for each of the 2 workers "
-                                     "(torchrun's default with several workers per node); set OMP_NUM_THREADS "
-                                     "yourself to choose another value" for host in HOSTS), run.stderr
+    assert sorted(notices) == sorted(
+        f"xlarun: host {host}: OMP_NUM_THREADS=1 for each of the 2 workers "
+        "(torchrun's default with several workers per node); set OMP_NUM_THREADS "
+        "yourself to choose another value"
+        for host in HOSTS
+    ), run.stderr
 
 
 def test_stdout_stays_stdout_and_stderr_stderr(start: Callable[..., Job]) -> None:
@@ -84,8 +92,9 @@ def test_a_failing_rank_stops_every_host_with_its_exit_code(start: Callable[...,
     job.assert_gone_within(5, "rank 3 exited 7")
 
 
-def test_a_failure_is_reported_once_naming_the_host_as_the_user_named_it(start: Callable[..., Job], out_dir: Path,
-                                                                         tmp_path: Path) -> None:
+def test_a_failure_is_reported_once_naming_the_host_as_the_user_named_it(
+    start: Callable[..., Job], out_dir: Path, tmp_path: Path
+) -> None:
     summary = tmp_path / "summary.json"
     job = start("--summary-file", summary, *sleepers(out_dir, "sleep", "sleep", "sleep", "exit:7:1"))
     job.wait_for_workers()
@@ -100,12 +109,14 @@ def test_a_failure_is_reported_once_naming_the_host_as_the_user_named_it(start: 
     for host in HOSTS:  # the nodes' own lines still arrive
         one_line(run.stderr, f"xlarun: host {host}: OMP_NUM_THREADS=1")
     nodes = [host["summary"] for host in json.loads(summary.read_text())["hosts"]]
-    assert [(node["root_cause"]["rank"], node["root_cause"]["host"], node["exit_code"]) for node in nodes] == \
-        [(3, HOSTS[1], 7)] * 2
+    assert [(node["root_cause"]["rank"], node["root_cause"]["host"], node["exit_code"]) for node in nodes] == [
+        (3, HOSTS[1], 7)
+    ] * 2
 
 
-def test_a_hang_names_the_host_of_each_nodes_stacks_as_the_user_named_it(start: Callable[..., Job],
-                                                                          out_dir: Path) -> None:
+def test_a_hang_names_the_host_of_each_nodes_stacks_as_the_user_named_it(
+    start: Callable[..., Job], out_dir: Path
+) -> None:
     """Rank 3, on the second host, never reaches its all-reduce: the hang's lines name where each node's
     stacks are by the host as ``--hosts`` names it, not by the name the hosts' shared machine gives itself."""
     run = start("--hang-timeout", 3, worker("hang_rank.py"), out_dir, 3).finish()
@@ -114,8 +125,9 @@ def test_a_hang_names_the_host_of_each_nodes_stacks_as_the_user_named_it(start: 
 
 
 @pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_a_stop_signal_stops_every_host_before_the_launcher_exits(start: Callable[..., Job], out_dir: Path,
-                                                                  stop: int, code: int) -> None:
+def test_a_stop_signal_stops_every_host_before_the_launcher_exits(
+    start: Callable[..., Job], out_dir: Path, stop: int, code: int
+) -> None:
     job = start(*sleepers(out_dir))
     job.wait_for_workers()
     job.process.send_signal(stop)
@@ -150,8 +162,11 @@ def test_a_lost_transport_stops_every_host(start: Callable[..., Job], out_dir: P
     # The shell stays between the launcher and the agent, as ssh does: killing it is losing the connection.
     job = start(*sleepers(out_dir), rsh="sh -c '{command}; exit $?'")
     job.wait_for_workers()
-    second = next(transport for transport in psutil.Process(job.process.pid).children()
-                  if any("--node-rank=1" in process.cmdline() for process in transport.children(recursive=True)))
+    second = next(
+        transport
+        for transport in psutil.Process(job.process.pid).children()
+        if any("--node-rank=1" in process.cmdline() for process in transport.children(recursive=True))
+    )
     second.kill()
     run = job.finish()
     assert run.returncode == 1, run.stderr
@@ -164,8 +179,14 @@ def test_env_values_travel_in_the_plan_only(start: Callable[..., Job], out_dir: 
     from_file = secrets.token_hex(16)
     env_file = tmp_path / "job.env"
     env_file.write_text(f"# a comment\nFROM_FILE={from_file}\n")
-    job = start("--env", f"BIG={big}", "--env-file", env_file, *sleepers(out_dir),
-                env={"HF_HUB_OFFLINE": "1", "NOT_ALLOWED_TO_TRAVEL": "1"})
+    job = start(
+        "--env",
+        f"BIG={big}",
+        "--env-file",
+        env_file,
+        *sleepers(out_dir),
+        env={"HF_HUB_OFFLINE": "1", "NOT_ALLOWED_TO_TRAVEL": "1"},
+    )
     pids = job.wait_for_workers()
     environs = [psutil.Process(pid).environ() for pid in pids]
     command_lines = []
@@ -199,9 +220,21 @@ def test_sigint_to_one_job_leaves_another_on_the_same_hosts(start: Callable[...,
 
 def test_the_dry_run_shows_each_host_s_transport_and_plan_and_contacts_nothing(tmp_path: Path) -> None:
     contacted = tmp_path / "contacted"
-    run = run_xlarun("--dry-run", "--hosts", "h[1-2]", "--rsh", f"touch {contacted} {{host}} {{command}}",
-                     "--env", "HF_TOKEN=very-secret", "--env", "PLAIN=shown", "--nproc-per-node", 2, "train.py",
-                     env={"TRACEPARENT": "00-abc", "NOT_ALLOWED_TO_TRAVEL": "1"})
+    run = run_xlarun(
+        "--dry-run",
+        "--hosts",
+        "h[1-2]",
+        "--rsh",
+        f"touch {contacted} {{host}} {{command}}",
+        "--env",
+        "HF_TOKEN=very-secret",
+        "--env",
+        "PLAIN=shown",
+        "--nproc-per-node",
+        2,
+        "train.py",
+        env={"TRACEPARENT": "00-abc", "NOT_ALLOWED_TO_TRAVEL": "1"},
+    )
     assert run.returncode == 0, run.stderr
     assert not contacted.exists()
     assert "very-secret" not in run.stdout
@@ -216,15 +249,18 @@ def test_the_dry_run_shows_each_host_s_transport_and_plan_and_contacts_nothing(t
     assert plan["argv"][-2:] == ["--", "train.py"] and "--node-rank=1" in plan["argv"]
 
 
-@pytest.mark.parametrize(("args", "words"), [
-    (("--hosts", "h1,h1"), "names h1 twice"),
-    (("--hosts", ""), "names no host"),
-    (("--hosts", "h1", "--nnodes", "2"), "--nnodes=2 cannot go with --hosts"),
-    (("--hosts", "h1", "--node-rank", "1"), "--node-rank=1 cannot go with --hosts"),
-    (("--hosts", "h1", "--cluster", "slurm"), "--cluster=slurm cannot go with --hosts"),
-    (("--hosts", "h1", "--rsh", "ssh {host}"), "has no {command}"),
-    (("--rsh", "sh -c {command}"), "--rsh is for a job on several hosts"),
-])
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (("--hosts", "h1,h1"), "names h1 twice"),
+        (("--hosts", ""), "names no host"),
+        (("--hosts", "h1", "--nnodes", "2"), "--nnodes=2 cannot go with --hosts"),
+        (("--hosts", "h1", "--node-rank", "1"), "--node-rank=1 cannot go with --hosts"),
+        (("--hosts", "h1", "--cluster", "slurm"), "--cluster=slurm cannot go with --hosts"),
+        (("--hosts", "h1", "--rsh", "ssh {host}"), "has no {command}"),
+        (("--rsh", "sh -c {command}"), "--rsh is for a job on several hosts"),
+    ],
+)
 def test_flags_that_make_no_sense_are_refused_in_one_line(args: tuple[str, ...], words: str) -> None:
     run = run_xlarun(*args, "train.py")
     assert run.returncode == 2, run.stderr

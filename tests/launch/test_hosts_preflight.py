@@ -37,8 +37,21 @@ def job(tmp_path: Path) -> Path:
 
 
 def run_job(job: Path, *flags: object, script: str = "train.py") -> tuple[int, list[str]]:
-    result = run_xlarun("--hosts", "h1,h2", "--rsh", shim(job / "roots"), "--master-addr", "127.0.0.1",
-                        "--nproc-per-node", "1", *flags, script, job / "out", cwd=job / "work", timeout=120)
+    result = run_xlarun(
+        "--hosts",
+        "h1,h2",
+        "--rsh",
+        shim(job / "roots"),
+        "--master-addr",
+        "127.0.0.1",
+        "--nproc-per-node",
+        "1",
+        *flags,
+        script,
+        job / "out",
+        cwd=job / "work",
+        timeout=120,
+    )
     return result.returncode, result.stderr.splitlines()
 
 
@@ -58,7 +71,9 @@ def test_a_missing_working_directory_is_one_line_per_host(job: Path) -> None:
     assert code == 1
     assert sorted(line for line in lines if line.startswith("xlarun: host ")) == [
         f"xlarun: host {host}: working directory {job / 'gone'} not found: pass --remote-cwd DIR, a directory every "
-        "host has" for host in ("h1", "h2")], lines
+        "host has"
+        for host in ("h1", "h2")
+    ], lines
     assert started(job) == []
 
 
@@ -67,7 +82,8 @@ def test_a_missing_script_is_one_line_per_host(job: Path) -> None:
     assert code == 1
     assert sorted(line for line in lines if line.startswith("xlarun: host ")) == [
         f"xlarun: host h1: training script not found: missing.py in {job / 'work'}",
-        f"xlarun: host h2: training script not found: missing.py in {job / 'work'}"], lines
+        f"xlarun: host h2: training script not found: missing.py in {job / 'work'}",
+    ], lines
     assert started(job) == []
 
 
@@ -93,6 +109,8 @@ def test_a_busy_device_on_one_host_starts_no_worker_anywhere(job: Path, h2_devic
     assert len(refusals) == 1, lines
     device = (job / "roots" / "h2" / "dev" / "accel0").resolve()
     assert refusals[0].startswith(f"xlarun: host h2: pid {h2_device_held} holds {device} (running "), refusals
-    assert refusals[0].endswith("the tpu device is in use by 1 other process, so nothing was started: stop it, "
-                                "or pass --allow-busy-device where sharing the device is intended")
+    assert refusals[0].endswith(
+        "the tpu device is in use by 1 other process, so nothing was started: stop it, "
+        "or pass --allow-busy-device where sharing the device is intended"
+    )
     assert started(job) == []

@@ -58,11 +58,14 @@ def jobs(ssh_hosts: SshHosts) -> Iterator[list[Job]]:
 @pytest.fixture
 def start(ssh_hosts: SshHosts, jobs: list[Job], out_dir: Path) -> Callable[..., Job]:
     """Start a job on h1 and h2 (``Job``'s arguments; its workers write to ``out``, ``out_dir`` unless given)."""
-    def start_job(*args: object, out: Path = out_dir, ssh_config: Path | None = None,
-                  env: dict[str, str] | None = None) -> Job:
+
+    def start_job(
+        *args: object, out: Path = out_dir, ssh_config: Path | None = None, env: dict[str, str] | None = None
+    ) -> Job:
         job = Job(["--hosts", "h1,h2", "--ssh-config", ssh_config or ssh_hosts.config], out, *args, env=env)
         jobs.append(job)
         return job
+
     return start_job
 
 
@@ -132,13 +135,15 @@ def test_a_frozen_launcher_is_noticed_within_the_host_timeout(start: Callable[..
 
 
 @pytest.mark.parametrize("fault", ["ss -K", "sshd session killed"])
-def test_a_lost_connection_stops_every_host(start: Callable[..., Job], ssh_hosts: SshHosts, out_dir: Path,
-                                            fault: str) -> None:
+def test_a_lost_connection_stops_every_host(
+    start: Callable[..., Job], ssh_hosts: SshHosts, out_dir: Path, fault: str
+) -> None:
     job = start(*sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"))
     job.wait_for_workers()
     if fault == "ss -K":
-        subprocess.run(["ss", "-K", "dst", HOSTS["h2"], "dport", "=", f":{ssh_hosts.port}"], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["ss", "-K", "dst", HOSTS["h2"], "dport", "=", f":{ssh_hosts.port}"], check=True, capture_output=True
+        )
     else:
         sessions = ssh_hosts.sessions_to("h2")
         assert sessions, "no sshd session serves h2"
@@ -150,8 +155,9 @@ def test_a_lost_connection_stops_every_host(start: Callable[..., Job], ssh_hosts
     job.assert_gone_within(STOP_DEADLINE_S, fault)
 
 
-def test_a_missing_remote_cwd_is_refused_before_any_worker(start: Callable[..., Job], out_dir: Path,
-                                                           tmp_path: Path) -> None:
+def test_a_missing_remote_cwd_is_refused_before_any_worker(
+    start: Callable[..., Job], out_dir: Path, tmp_path: Path
+) -> None:
     missing = tmp_path / "no-such-dir"
     run = start("--remote-cwd", missing, worker("marker.py"), out_dir / "ran").finish()
     assert run.returncode == 1, run.stderr
@@ -168,11 +174,13 @@ def test_a_missing_interpreter_is_refused_before_any_worker(start: Callable[...,
     assert not (out_dir / "ran").exists()
 
 
-def test_a_refused_key_on_one_host_starts_no_worker_anywhere(start: Callable[..., Job], ssh_hosts: SshHosts,
-                                                              out_dir: Path, tmp_path: Path) -> None:
+def test_a_refused_key_on_one_host_starts_no_worker_anywhere(
+    start: Callable[..., Job], ssh_hosts: SshHosts, out_dir: Path, tmp_path: Path
+) -> None:
     stranger = tmp_path / "stranger"
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True,
-                   capture_output=True)
+    subprocess.run(
+        ["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(stranger)], check=True, capture_output=True
+    )
     config = ssh_hosts.config_with_identity(tmp_path / "ssh_config", stranger, aliases=("h2",))
     run = start(worker("marker.py"), out_dir / "ran", ssh_config=config).finish()
     assert run.returncode == 1, run.stderr
@@ -181,15 +189,21 @@ def test_a_refused_key_on_one_host_starts_no_worker_anywhere(start: Callable[...
     assert not (out_dir / "ran").exists()
 
 
-def test_env_values_reach_every_host_and_no_command_line(start: Callable[..., Job], out_dir: Path,
-                                                         tmp_path: Path) -> None:
+def test_env_values_reach_every_host_and_no_command_line(
+    start: Callable[..., Job], out_dir: Path, tmp_path: Path
+) -> None:
     big = secrets.token_hex(50 * 1024)  # 100 KiB: under Linux's 128 KiB limit on one environment string
     from_file = secrets.token_hex(16)
     env_file = tmp_path / "job.env"
     env_file.write_text(f"# a comment\nFROM_FILE={from_file}\n")
-    job = start("--env", f"BIG={big}", "--env-file", env_file,
-                *sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"),
-                env={"HF_HUB_OFFLINE": "1", "NOT_ALLOWED_TO_TRAVEL": "1"})
+    job = start(
+        "--env",
+        f"BIG={big}",
+        "--env-file",
+        env_file,
+        *sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"),
+        env={"HF_HUB_OFFLINE": "1", "NOT_ALLOWED_TO_TRAVEL": "1"},
+    )
     pids = job.wait_for_workers()
     environs = [worker_environ(pid) for pid in pids]
     command_lines = []  # every process's but the launcher's own, whose command line the user wrote
@@ -207,8 +221,9 @@ def test_env_values_reach_every_host_and_no_command_line(start: Callable[..., Jo
         assert environ.get("FROM_FILE") == from_file
         assert environ.get("HF_HUB_OFFLINE") == "1"
         assert "NOT_ALLOWED_TO_TRAVEL" not in environ
-    servers = {environ.get("SSH_CONNECTION", "").split(" ")[2:3][0] for environ in environs
-               if environ.get("SSH_CONNECTION")}
+    servers = {
+        environ.get("SSH_CONNECTION", "").split(" ")[2:3][0] for environ in environs if environ.get("SSH_CONNECTION")
+    }
     assert servers == {HOSTS["h1"], HOSTS["h2"]}
     assert not [line for line in command_lines if big[:64].encode() in line or from_file.encode() in line]
 

@@ -39,8 +39,10 @@ def leave_in_time_wait(port: int) -> None:
             accepted, _ = listener.accept()
             accepted.close()  # the listening side closes first, so its end waits
             client.recv(1)
-    assert any(connection.laddr.port == port and connection.status == psutil.CONN_TIME_WAIT
-               for connection in psutil.net_connections(kind="tcp"))
+    assert any(
+        connection.laddr.port == port and connection.status == psutil.CONN_TIME_WAIT
+        for connection in psutil.net_connections(kind="tcp")
+    )
 
 
 def first_launch_fails(out_dir: Path, outcome: str) -> None:
@@ -53,32 +55,48 @@ def records(out_dir: Path, ranks: int) -> list[dict[str, Any]]:
     return [json.loads((out_dir / f"{rank}.json").read_text()) for rank in range(ranks)]
 
 
-def assert_second_run(out_dir: Path, log_dir: Path, summary_file: Path, master_port: int | None, ranks: int,
-                      ranks_here: list[int]) -> None:
+def assert_second_run(
+    out_dir: Path, log_dir: Path, summary_file: Path, master_port: int | None, ranks: int, ranks_here: list[int]
+) -> None:
     """The second launch's workers formed the whole world under the same run id, on the same master port where
     the flags fix it (c10d's workers' store takes a port picked at the rendezvous); its logs went to a run
     directory of its own beside the first's; its summary is its own."""
     seen = records(out_dir, ranks)
-    assert [(record["world"], record["sum"], record["run_id"]) for record in seen] == \
-        [(ranks, sum(range(ranks)), RUN_ID)] * ranks
+    assert [(record["world"], record["sum"], record["run_id"]) for record in seen] == [
+        (ranks, sum(range(ranks)), RUN_ID)
+    ] * ranks
     if master_port is not None:
         assert {record["master_port"] for record in seen} == {str(master_port)}
     run_dirs = sorted(log_dir.iterdir())
     assert len(run_dirs) == 2 and all(path.name.startswith(f"{RUN_ID}_") for path in run_dirs), run_dirs
     summary = json.loads(summary_file.read_text())
     assert (summary["run_id"], summary["result"], summary["exit_code"]) == (RUN_ID, "succeeded", 0)
-    assert sorted(worker["pid"] for worker in summary["attempts"][-1]["workers"]) == \
-        sorted(seen[rank]["pid"] for rank in ranks_here)
+    assert sorted(worker["pid"] for worker in summary["attempts"][-1]["workers"]) == sorted(
+        seen[rank]["pid"] for rank in ranks_here
+    )
 
 
 # --- one node -------------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("outcome", ["succeeds", "fails", "killed"])
 def test_one_node_restarted_in_place_runs_again(tmp_path: Path, out_dir: Path, port: int, outcome: str) -> None:
     log_dir, summary_file = tmp_path / "logs", tmp_path / "summary.json"
-    command = ("--nproc_per_node", "2", "--master_port", port, "--rdzv_id", RUN_ID, "--log-dir", log_dir,
-               "--summary-file", summary_file, worker("fails_first_launch.py"), out_dir,
-               "-1" if outcome == "killed" else FAILING_RANK)
+    command = (
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        "--rdzv_id",
+        RUN_ID,
+        "--log-dir",
+        log_dir,
+        "--summary-file",
+        summary_file,
+        worker("fails_first_launch.py"),
+        out_dir,
+        "-1" if outcome == "killed" else FAILING_RANK,
+    )
     first_launch_fails(out_dir, outcome)
     if outcome == "killed":
         # The kubelet's SIGKILL after the grace period; the orphan guard is left to reap the workers.
@@ -98,21 +116,33 @@ def test_one_node_restarted_in_place_runs_again(tmp_path: Path, out_dir: Path, p
 
 # --- two nodes ------------------------------------------------------------------------------------------
 
+
 def run_two_nodes(nodes: Nodes, tmp_path: Path, out_dir: Path, backend: str, port: int) -> list[Run]:
     started: list[subprocess.Popen] = []
     for node in (0, 1):
-        placement = static(port, node, 2, 1) + ["--rdzv_id", RUN_ID] if backend == "static" \
-            else c10d(port, RUN_ID, 2, 1)
-        started.append(nodes.start(*placement, "--log-dir", tmp_path / f"logs{node}",
-                                   "--summary-file", tmp_path / f"summary{node}.json",
-                                   worker("fails_first_launch.py"), out_dir, FAILING_RANK))
+        placement = (
+            static(port, node, 2, 1) + ["--rdzv_id", RUN_ID] if backend == "static" else c10d(port, RUN_ID, 2, 1)
+        )
+        started.append(
+            nodes.start(
+                *placement,
+                "--log-dir",
+                tmp_path / f"logs{node}",
+                "--summary-file",
+                tmp_path / f"summary{node}.json",
+                worker("fails_first_launch.py"),
+                out_dir,
+                FAILING_RANK,
+            )
+        )
     return nodes.finish_all(started)
 
 
 @pytest.mark.parametrize("backend", ["static", "c10d"])
 @pytest.mark.parametrize("outcome", ["succeeds", "fails"])
-def test_two_nodes_restarted_in_place_run_again(nodes: Nodes, tmp_path: Path, out_dir: Path, port: int,
-                                                backend: str, outcome: str) -> None:
+def test_two_nodes_restarted_in_place_run_again(
+    nodes: Nodes, tmp_path: Path, out_dir: Path, port: int, backend: str, outcome: str
+) -> None:
     first_launch_fails(out_dir, outcome)
     first = run_two_nodes(nodes, tmp_path, out_dir, backend, port)
     assert [run.returncode for run in first] == [3 if outcome == "fails" else 0] * 2, both(first)
@@ -120,28 +150,41 @@ def test_two_nodes_restarted_in_place_run_again(nodes: Nodes, tmp_path: Path, ou
     second = run_two_nodes(nodes, tmp_path, out_dir, backend, port)
     assert [run.returncode for run in second] == [0, 0], both(second)
     for node in (0, 1):
-        assert_second_run(out_dir, tmp_path / f"logs{node}", tmp_path / f"summary{node}.json",
-                          port if backend == "static" else None, 2, [node])
+        assert_second_run(
+            out_dir,
+            tmp_path / f"logs{node}",
+            tmp_path / f"summary{node}.json",
+            port if backend == "static" else None,
+            2,
+            [node],
+        )
 
 
 def connected_to(pid: int, port: int) -> bool:
-    return any(connection.raddr and connection.raddr.port == port and connection.status == psutil.CONN_ESTABLISHED
-               for connection in psutil.Process(pid).net_connections(kind="tcp"))
+    return any(
+        connection.raddr and connection.raddr.port == port and connection.status == psutil.CONN_ESTABLISHED
+        for connection in psutil.Process(pid).net_connections(kind="tcp")
+    )
 
 
-def test_a_node_restarted_before_the_store_host_joins_the_stores_next_launch(nodes: Nodes, tmp_path: Path,
-                                                                             out_dir: Path, port: int) -> None:
+def test_a_node_restarted_before_the_store_host_joins_the_stores_next_launch(
+    nodes: Nodes, tmp_path: Path, out_dir: Path, port: int
+) -> None:
     """The pods' containers restart one after another: node 1's second launch reaches the store of node 0's
     first, which is still running, and that store stops before node 1 has a seat. Node 1 then waits for the
     store node 0's second launch serves, rather than ending with the first's."""
+
     def start(node: int) -> subprocess.Popen:
-        return nodes.start(*static(port, node, 2, 1), "--rdzv_id", RUN_ID, worker("fails_first_launch.py"),
-                           out_dir, "-1")
+        return nodes.start(
+            *static(port, node, 2, 1), "--rdzv_id", RUN_ID, worker("fails_first_launch.py"), out_dir, "-1"
+        )
 
     old = [start(0), start(1)]
     for launcher in old:
-        wait_for(lambda: len(psutil.Process(launcher.pid).children()) >= 2,  # noqa: B023
-                 "the guard and the worker of each node")
+        wait_for(
+            lambda: len(psutil.Process(launcher.pid).children()) >= 2,  # noqa: B023
+            "the guard and the worker of each node",
+        )
     (out_dir / "failed").touch()  # the next launch's workers succeed
     os.kill(old[1].pid, signal.SIGKILL)
     finish(old[1])
@@ -165,8 +208,15 @@ def finished_first_launch(nodes: Nodes, tmp_path: Path, port: int) -> tuple[subp
     waits to hear that node 1 left: node 1's container was restarted after its workers finished, so node 0
     finds it gone only when its heartbeat times out. Returns node 0's agent and a client of its store."""
     release = tmp_path / "release"
-    old_0 = nodes.start(*c10d(port, RUN_ID, 2, 1), "--rdzv_conf", CLOSING_CONF, "--no-python", "sh", "-c",
-                        f"while [ ! -e {release} ]; do sleep 0.1; done")
+    old_0 = nodes.start(
+        *c10d(port, RUN_ID, 2, 1),
+        "--rdzv_conf",
+        CLOSING_CONF,
+        "--no-python",
+        "sh",
+        "-c",
+        f"while [ ! -e {release} ]; do sleep 0.1; done",
+    )
     wait_for(lambda: listeners(port), f"node 0 to serve the store on port {port}")
     old_1 = nodes.start(*c10d(port, RUN_ID, 2, 1), "--rdzv_conf", f"{CLOSING_CONF},is_host=0", "--no-python", "true")
     store = dist.TCPStore(HOST, port, is_master=False, timeout=datetime.timedelta(seconds=30))
@@ -180,20 +230,24 @@ def finished_first_launch(nodes: Nodes, tmp_path: Path, port: int) -> tuple[subp
 
 def start_second_launch(nodes: Nodes, out_dir: Path, port: int, node: int) -> subprocess.Popen:
     conf = CLOSING_CONF if node == 0 else f"{CLOSING_CONF},is_host=0"
-    return nodes.start(*c10d(port, RUN_ID, 2, 1), "--rdzv_conf", conf, worker("fails_first_launch.py"), out_dir,
-                       FAILING_RANK)
+    return nodes.start(
+        *c10d(port, RUN_ID, 2, 1), "--rdzv_conf", conf, worker("fails_first_launch.py"), out_dir, FAILING_RANK
+    )
 
 
-def test_a_c10d_node_reaching_the_first_launchs_closing_rendezvous_runs_in_the_next(nodes: Nodes, tmp_path: Path,
-                                                                                 out_dir: Path, port: int) -> None:
+def test_a_c10d_node_reaching_the_first_launchs_closing_rendezvous_runs_in_the_next(
+    nodes: Nodes, tmp_path: Path, out_dir: Path, port: int
+) -> None:
     """Node 1's second launch reaches the store of node 0's first launch after that launch's attempt ended,
     and waits in its rendezvous until node 0 closes it. That job is over, not one node 1 has a place in: it
     joins the rendezvous of node 0's second launch and runs its workers there."""
     (out_dir / "failed").touch()  # the second launch's workers succeed
     old_0, store = finished_first_launch(nodes, tmp_path, port)
     new_1 = start_second_launch(nodes, out_dir, port, 1)
-    wait_for(lambda: int(store.add(f"xlarun/{RUN_ID}/unseated", 0)) == 1,
-             "node 1's second launch to wait in the first launch's rendezvous")
+    wait_for(
+        lambda: int(store.add(f"xlarun/{RUN_ID}/unseated", 0)) == 1,
+        "node 1's second launch to wait in the first launch's rendezvous",
+    )
     finish(old_0)
     new_0 = start_second_launch(nodes, out_dir, port, 0)
     second = nodes.finish_all([new_0, new_1])
@@ -201,19 +255,23 @@ def test_a_c10d_node_reaching_the_first_launchs_closing_rendezvous_runs_in_the_n
     assert [record["sum"] for record in records(out_dir, 2)] == [1, 1]
 
 
-def test_a_c10d_node_finding_only_the_finished_first_launch_fails_in_one_line(nodes: Nodes, tmp_path: Path,
-                                                                              out_dir: Path, port: int) -> None:
+def test_a_c10d_node_finding_only_the_finished_first_launch_fails_in_one_line(
+    nodes: Nodes, tmp_path: Path, out_dir: Path, port: int
+) -> None:
     """Where no next launch comes within its join timeout, the node that found only a finished job says so and
     fails: it ran nothing, so it never reports success."""
     (out_dir / "failed").touch()
     old_0, store = finished_first_launch(nodes, tmp_path, port)
     new_1 = start_second_launch(nodes, out_dir, port, 1)
-    wait_for(lambda: int(store.add(f"xlarun/{RUN_ID}/unseated", 0)) == 1,
-             "node 1's second launch to wait in the first launch's rendezvous")
+    wait_for(
+        lambda: int(store.add(f"xlarun/{RUN_ID}/unseated", 0)) == 1,
+        "node 1's second launch to wait in the first launch's rendezvous",
+    )
     finish(old_0)
     run = finish(new_1)
     assert run.returncode == 1, run.stderr
-    assert lines(run) == [f"xlarun: found only a finished job of run id {RUN_ID!r} at {HOST}:{port}: it ended "
-                          "before this node came, and no next launch of it came within the join timeout (20 s)"], \
-        run.stderr
+    assert lines(run) == [
+        f"xlarun: found only a finished job of run id {RUN_ID!r} at {HOST}:{port}: it ended "
+        "before this node came, and no next launch of it came within the join timeout (20 s)"
+    ], run.stderr
     assert not list(out_dir.glob("*.json"))

@@ -21,8 +21,14 @@ CALLER_TIMEOUT_S = 120
 def run_caller(tmp_path: Path, code: str, modules: dict[str, str] | None = None) -> Any:
     """Run ``code`` as a program beside ``modules``; the JSON its last line prints."""
     script = write_caller(tmp_path, code, modules)
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=caller_env(),
-                          cwd=tmp_path, timeout=CALLER_TIMEOUT_S)
+    done = subprocess.run(
+        [sys.executable, str(script)],
+        capture_output=True,
+        text=True,
+        env=caller_env(),
+        cwd=tmp_path,
+        timeout=CALLER_TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.splitlines()[-1])
 
@@ -40,7 +46,9 @@ def caller_env() -> dict[str, str]:
 
 
 def test_a_module_function_a_lambda_and_a_closure_each_return_every_ranks_value(tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         import ranks
 
         def closure():
@@ -53,7 +61,9 @@ def test_a_module_function_a_lambda_and_a_closure_each_return_every_ranks_value(
                                                   device="cpu").values,
                           "closure": xlarun.launch(closure(), nproc_per_node=4, device="cpu").values,
                           "args": xlarun.launch(ranks.pair, "a", 2, nproc_per_node=2, device="cpu").values}))
-    """, {"ranks": """
+    """,
+        {
+            "ranks": """
         import os
 
         def rank():
@@ -61,36 +71,67 @@ def test_a_module_function_a_lambda_and_a_closure_each_return_every_ranks_value(
 
         def pair(a, b):
             return [a, b, int(os.environ["RANK"])]
-    """})
-    assert got == {"module": [0, 1, 2, 3], "exit_code": 0, "lambda": [0, 1, 2, 3], "closure": [10, 11, 12, 13],
-                   "args": [["a", 2, 0], ["a", 2, 1]]}
+    """
+        },
+    )
+    assert got == {
+        "module": [0, 1, 2, 3],
+        "exit_code": 0,
+        "lambda": [0, 1, 2, 3],
+        "closure": [10, 11, 12, 13],
+        "args": [["a", 2, 0], ["a", 2, 1]],
+    }
 
 
 def test_a_script_and_a_module_run_with_their_arguments(tmp_path: Path) -> None:
     (tmp_path / "job.py").write_text("import os, sys\nprint('job', os.environ['RANK'], *sys.argv[1:])\n")
-    done = subprocess.run([sys.executable, str(write_caller(tmp_path, """
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(
+                write_caller(
+                    tmp_path,
+                    """
         script = xlarun.launch("job.py", "x", 1, nproc_per_node=2, device="cpu")
         module = xlarun.launch(["-m", "job", "y"], nproc_per_node=2, device="cpu")
         print(json.dumps([script.values, script.exit_code, module.values]))
-    """))], capture_output=True, text=True, env=caller_env(), cwd=tmp_path, timeout=CALLER_TIMEOUT_S)
+    """,
+                )
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        env=caller_env(),
+        cwd=tmp_path,
+        timeout=CALLER_TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout.splitlines()[-1]) == [[None, None], 0, [None, None]]
     assert sorted(line for line in done.stdout.splitlines() if line.startswith("job")) == [
-        "job 0 x 1", "job 0 y", "job 1 x 1", "job 1 y"]
+        "job 0 x 1",
+        "job 0 y",
+        "job 1 x 1",
+        "job 1 y",
+    ]
 
 
 def test_the_summary_is_what_the_summary_file_holds(tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         result = xlarun.launch(lambda: None, nproc_per_node=2, device="cpu", summary_file="summary.json")
         with open("summary.json") as handle:
             print(json.dumps([result.summary, json.load(handle)]))
-    """)
+    """,
+    )
     assert got[0] == got[1]
     assert got[0]["result"] == "succeeded" and [w["rank"] for w in got[0]["attempts"][0]["workers"]] == [0, 1]
 
 
 def test_a_rank_that_raises_is_the_root_cause_and_its_exception_the_cause(tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         def fail_on_two():
             if os.environ["RANK"] == "2":
                 raise ValueError("bad")
@@ -108,7 +149,8 @@ def test_a_rank_that_raises_is_the_root_cause_and_its_exception_the_cause(tmp_pa
         except ValueError as error:
             failed["reraised"] = repr(error)
         print(json.dumps(failed))
-    """)
+    """,
+    )
     assert got["rank"] == 2 and got["is_value_error"] and got["cause"] == "ValueError('bad')"
     assert 'raise ValueError("bad")' in got["traceback"]
     assert got["exit_code"] == got["summary_exit"] == 1 and got["failures"] == [2]
@@ -117,7 +159,9 @@ def test_a_rank_that_raises_is_the_root_cause_and_its_exception_the_cause(tmp_pa
 
 
 def test_an_exit_and_a_kill_are_named(tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         import signal
 
         def end(how):
@@ -134,33 +178,42 @@ def test_an_exit_and_a_kill_are_named(tmp_path: Path) -> None:
                 ends[how] = [error.root_cause.rank, error.root_cause.returncode, error.root_cause.signal,
                              error.exit_code, str(error), error.__cause__ is None]
         print(json.dumps(ends))
-    """)
+    """,
+    )
     assert got["exit"] == [1, 3, None, 3, got["exit"][4], True] and "exited with code 3" in got["exit"][4]
     assert got["kill"][:4] == [1, -9, "SIGKILL", 137] and "killed by SIGKILL" in got["kill"][4]
 
 
 def test_a_hundred_megabyte_value_comes_back(tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         values = xlarun.launch(lambda: b"x" * (100 << 20), nproc_per_node=1, device="cpu").values
         print(json.dumps([len(values[0]), values[0][:3].decode()]))
-    """)
+    """,
+    )
     assert got == [100 << 20, "xxx"]
 
 
 def test_a_value_that_cannot_be_pickled_is_named_with_its_rank(tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         import threading
 
         try:
             xlarun.launch(lambda: threading.Lock(), nproc_per_node=1, device="cpu")
         except xlarun.WorkerFailed as error:
             print(json.dumps(str(error)))
-    """)
+    """,
+    )
     assert "rank 0 returned a _thread.lock, which cannot be pickled" in got and "\n" not in got
 
 
 def test_the_callers_environment_modules_handlers_and_descriptors_stay_as_they_were(tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         import signal, socket
 
         def handlers():
@@ -179,12 +232,15 @@ def test_the_callers_environment_modules_handlers_and_descriptors_stay_as_they_w
                           "torch": sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "torch_xla")),
                           "handlers": handlers() == before, "wakeup": signal.set_wakeup_fd(-1) == wakeup.fileno(),
                           "descriptors": sorted(os.listdir("/proc/self/fd")) == descriptors}))
-    """)
+    """,
+    )
     assert got == {"environ": True, "new": [], "torch": [], "handlers": True, "wakeup": True, "descriptors": True}
 
 
 def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         import threading
 
         refused = []
@@ -212,7 +268,8 @@ def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
         thread.start()
         thread.join()
         print(json.dumps(refused + caught))
-    """)
+    """,
+    )
     assert got[0].startswith("--nproc-per-node='x' is invalid")
     assert got[1].startswith("unknown option nproc_pre_node=")
     assert got[2].startswith("--standalone is a switch")
@@ -222,11 +279,12 @@ def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
     assert all("\n" not in line for line in got)
 
 
-def test_a_job_on_several_hosts_returns_every_ranks_value_and_a_failure_names_its_host_and_rank(
-        tmp_path: Path) -> None:
+def test_a_job_on_several_hosts_returns_every_ranks_value_and_a_failure_names_its_host_and_rank(tmp_path: Path) -> None:
     """Each host's agent starts on this machine through ``env -i ... sh -c`` (no PYTHONPATH: the installed
     xlarun runs there); the payload and the values travel through the working directory the hosts share."""
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         hosts = {"hosts": ["127.0.0.2", "127.0.0.3"], "rsh": "env -i PATH=/usr/bin:/bin sh -c {command}",
                  "nproc_per_node": 2, "device": "cpu", "remote_python": sys.executable}
 
@@ -246,7 +304,8 @@ def test_a_job_on_several_hosts_returns_every_ranks_value_and_a_failure_names_it
         print(json.dumps({"values": result.values, "exit_code": result.exit_code,
                           "summary": [result.summary["result"], [host["host"] for host in result.summary["hosts"]]],
                           "failed": failed, "left": sorted(os.listdir("."))}))
-    """)
+    """,
+    )
     assert got["values"] == [0, 1, 2, 3]
     assert got["exit_code"] == 0
     assert got["summary"] == ["succeeded", ["127.0.0.2", "127.0.0.3"]]
@@ -261,7 +320,9 @@ def test_a_job_on_several_hosts_returns_every_ranks_value_and_a_failure_names_it
 
 
 def test_a_job_on_several_hosts_lists_every_failed_worker_with_its_host(tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    got = run_caller(
+        tmp_path,
+        """
         import time
 
         hosts = {"hosts": ["127.0.0.2", "127.0.0.3"], "rsh": "env -i PATH=/usr/bin:/bin sh -c {command}",
@@ -287,18 +348,22 @@ def test_a_job_on_several_hosts_lists_every_failed_worker_with_its_host(tmp_path
             print(json.dumps({"root": [error.root_cause.rank, error.root_cause.host],
                               "failures": [[failure.rank, failure.host, failure.returncode]
                                            for failure in error.failures]}))
-    """)
+    """,
+    )
     assert got["failures"][0] == [*got["root"], 5]
     assert sorted(got["failures"]) == [[1, "127.0.0.2", 5], [3, "127.0.0.3", 5]]
 
 
-def start_sleepers(tmp_path: Path, options: str = "",
-                   ignore_term: bool = False) -> tuple[subprocess.Popen[str], list[int]]:
+def start_sleepers(
+    tmp_path: Path, options: str = "", ignore_term: bool = False
+) -> tuple[subprocess.Popen[str], list[int]]:
     """A caller whose launch's two workers sleep (SIGTERM and SIGINT, which the launcher passes on, ignored if asked), and their pids once both run;
     an interrupt of the launch prints ``interrupted``, and a second launch's values follow."""
     pids = tmp_path / "pids"
     pids.mkdir()
-    script = write_caller(tmp_path, f"""
+    script = write_caller(
+        tmp_path,
+        f"""
         import signal, time
 
         def sleep():
@@ -314,11 +379,19 @@ def start_sleepers(tmp_path: Path, options: str = "",
         except KeyboardInterrupt:
             print("interrupted", flush=True)
         print(json.dumps(xlarun.launch(lambda: int(os.environ["RANK"]), nproc_per_node=2, device="cpu").values))
-    """)
-    caller = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True, env=caller_env(), cwd=tmp_path)
-    wait_for(lambda: len(list(pids.iterdir())) == 2 and all(p.read_text() for p in pids.iterdir()),
-             "both workers to start")
+    """,
+    )
+    caller = subprocess.Popen(
+        [sys.executable, str(script)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=caller_env(),
+        cwd=tmp_path,
+    )
+    wait_for(
+        lambda: len(list(pids.iterdir())) == 2 and all(p.read_text() for p in pids.iterdir()), "both workers to start"
+    )
     return caller, [int(p.read_text()) for p in pids.iterdir()]
 
 
@@ -338,7 +411,13 @@ def test_an_interrupt_stops_every_worker_and_the_next_launch_works(tmp_path: Pat
 
 
 def test_output_reaches_a_sys_stdout_that_is_no_descriptor(tmp_path: Path) -> None:
-    done = subprocess.run([sys.executable, str(write_caller(tmp_path, """
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(
+                write_caller(
+                    tmp_path,
+                    """
         import io
 
         caught_out, caught_err = io.StringIO(), io.StringIO()
@@ -351,7 +430,16 @@ def test_output_reaches_a_sys_stdout_that_is_no_descriptor(tmp_path: Path) -> No
         xlarun.launch(speak, nproc_per_node=2, device="cpu", tee="3")
         sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
         print(json.dumps([caught_out.getvalue(), caught_err.getvalue()]))
-    """))], capture_output=True, text=True, env=caller_env(), cwd=tmp_path, timeout=CALLER_TIMEOUT_S)
+    """,
+                )
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        env=caller_env(),
+        cwd=tmp_path,
+        timeout=CALLER_TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr
     assert len(done.stdout.splitlines()) == 1 and done.stderr == ""
     out, err = json.loads(done.stdout)
@@ -390,30 +478,55 @@ def test_a_caller_that_holds_the_device_is_named(tmp_path: Path) -> None:
     (root / "dev" / "accel0").touch()
     (root / "libtpu.so").touch()  # stands in for libtpu, as TorchTPU's preflight wants a file; no worker loads it
     env = {**caller_env(), "XLARUN_HOST_ROOT": str(root), "TPU_LIBRARY_PATH": str(root / "libtpu.so")}
-    done = subprocess.run([sys.executable, str(write_caller(tmp_path, f"""
+    done = subprocess.run(
+        [
+            sys.executable,
+            str(
+                write_caller(
+                    tmp_path,
+                    f"""
         held = open({str(root / "dev" / "accel0")!r})
         try:
             xlarun.launch(lambda: 0, device="tpu", nproc_per_node=1)
         except RuntimeError as error:
             print(json.dumps([str(error), os.getpid()]))
-    """))], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=CALLER_TIMEOUT_S)
+    """,
+                )
+            ),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=CALLER_TIMEOUT_S,
+    )
     assert done.returncode == 0, done.stderr
     refusal, pid = json.loads(done.stdout.splitlines()[-1])
     assert refusal.startswith("the tpu device is in use by 1 ")
-    assert f"xlarun: this Python process (pid {pid}) holds {root.resolve() / 'dev' / 'accel0'}, which its workers need" \
+    assert (
+        f"xlarun: this Python process (pid {pid}) holds {root.resolve() / 'dev' / 'accel0'}, which its workers need"
         in done.stderr
+    )
 
 
 def test_without_cloudpickle_a_lambda_is_refused_naming_the_extra_and_a_module_function_still_runs(
-        tmp_path: Path) -> None:
-    got = run_caller(tmp_path, """
+    tmp_path: Path,
+) -> None:
+    got = run_caller(
+        tmp_path,
+        """
         sys.modules["cloudpickle"] = None  # as if it were not installed
         try:
             xlarun.launch(lambda: 1, nproc_per_node=1, device="cpu")
         except ImportError as error:
             refused = str(error)
         print(json.dumps([refused, xlarun.launch(os.getpid, nproc_per_node=2, device="cpu").values[0] > 0]))
-    """)
-    assert got[0].endswith("travels to the workers by value with cloudpickle, which is not installed: "
-                           "pip install 'xlarun[notebook]'") and "\n" not in got[0]
+    """,
+    )
+    assert (
+        got[0].endswith(
+            "travels to the workers by value with cloudpickle, which is not installed: pip install 'xlarun[notebook]'"
+        )
+        and "\n" not in got[0]
+    )
     assert got[1] is True

@@ -37,7 +37,8 @@ CONSOLE_CASES = {
     "tee both streams": (["-t", "3"], {}),
     "tee per rank with redirect, role and prefix template": (
         ["--role", "trainer", "-t", "0:3,1:2", "-r", "1:1"],
-        {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "<${role_name}|${rank}|${local_rank}> "}),
+        {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "<${role_name}|${rank}|${local_rank}> "},
+    ),
     "redirect per rank": (["-r", "0:1,1:2"], {}),
     "local ranks filter": (["--local-ranks-filter", "1", "-t", "0:2"], {}),
 }
@@ -49,8 +50,18 @@ def test_log_files_and_console_lines_match_torchrun(tmp_path: Path, port: int, c
     seen = {}
     for name, run in (("torchrun", run_torchrun), ("xlarun", run_xlarun)):
         log_dir = tmp_path / name
-        result = run("--nproc_per_node", "2", "--master_port", port, "--log-dir", log_dir, *flags,
-                     worker("chatter.py"), "4", env=env)
+        result = run(
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            port,
+            "--log-dir",
+            log_dir,
+            *flags,
+            worker("chatter.py"),
+            "4",
+            env=env,
+        )
         assert result.returncode == 0, result.stderr
         seen[name] = (worker_lines(result.stdout), worker_lines(result.stderr), log_files(log_dir))
     assert seen["xlarun"] == seen["torchrun"]
@@ -59,41 +70,84 @@ def test_log_files_and_console_lines_match_torchrun(tmp_path: Path, port: int, c
 
 def test_redirect_all_writes_files_in_torchruns_layout_and_nothing_to_the_console(tmp_path: Path, port: int) -> None:
     log_dir = tmp_path / "logs"
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--log-dir", log_dir, "-r", "3",
-                        worker("chatter.py"), "3")
+    result = run_xlarun(
+        "--nproc_per_node", "2", "--master_port", port, "--log-dir", log_dir, "-r", "3", worker("chatter.py"), "3"
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout == ""
     assert all(line.startswith("xlarun: ") for line in result.stderr.splitlines())
     [run_dir] = log_dir.iterdir()
     assert re.fullmatch(r"none_[a-z0-9_]{8}", run_dir.name)
     files = log_files(log_dir)
-    assert sorted(files) == ["attempt_0/0/stderr.log", "attempt_0/0/stdout.log",
-                             "attempt_0/1/stderr.log", "attempt_0/1/stdout.log"]
+    assert sorted(files) == [
+        "attempt_0/0/stderr.log",
+        "attempt_0/0/stdout.log",
+        "attempt_0/1/stderr.log",
+        "attempt_0/1/stdout.log",
+    ]
     assert files["attempt_0/1/stdout.log"].splitlines() == ["r1 out 0 ", "r1 out 1 x", "r1 out 2 xx"]
 
 
 def test_tee_prefixes_console_lines_and_keeps_files_plain(tmp_path: Path, port: int) -> None:
     log_dir = tmp_path / "logs"
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--log-dir", log_dir, "-t", "3",
-                        "--role", "trainer", worker("chatter.py"), "2")
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        "--log-dir",
+        log_dir,
+        "-t",
+        "3",
+        "--role",
+        "trainer",
+        worker("chatter.py"),
+        "2",
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == [
-        "[trainer0]:r0 out 0 ", "[trainer0]:r0 out 1 x", "[trainer1]:r1 out 0 ", "[trainer1]:r1 out 1 x"]
+        "[trainer0]:r0 out 0 ",
+        "[trainer0]:r0 out 1 x",
+        "[trainer1]:r1 out 0 ",
+        "[trainer1]:r1 out 1 x",
+    ]
     assert log_files(log_dir)["attempt_0/0/stderr.log"] == "r0 err 0 \nr0 err 1 x\n"
 
 
 def test_prefix_template_takes_role_rank_and_local_rank(port: int) -> None:
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "-t", "1", "--role", "learner",
-                        worker("chatter.py"), "1",
-                        env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "${role_name}/${rank}/${local_rank}: "})
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        "-t",
+        "1",
+        "--role",
+        "learner",
+        worker("chatter.py"),
+        "1",
+        env={"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "${role_name}/${rank}/${local_rank}: "},
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(result.stdout.splitlines()) == ["learner/0/0: r0 out 0 ", "learner/1/1: r1 out 0 "]
 
 
 def test_local_ranks_filter_shows_only_the_chosen_ranks(tmp_path: Path, port: int) -> None:
     log_dir = tmp_path / "logs"
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--log-dir", log_dir, "-t", "3",
-                        "--local-ranks-filter", "0", worker("chatter.py"), "2")
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        "--log-dir",
+        log_dir,
+        "-t",
+        "3",
+        "--local-ranks-filter",
+        "0",
+        worker("chatter.py"),
+        "2",
+    )
     assert result.returncode == 0, result.stderr
     assert {line.split(":")[0] for line in worker_lines(result.stdout + result.stderr)} == {"[default0]"}
     # The filtered rank's tee'd streams still reach its files.
@@ -103,8 +157,9 @@ def test_local_ranks_filter_shows_only_the_chosen_ranks(tmp_path: Path, port: in
 def test_concurrent_tee_lines_never_mix(tmp_path: Path, port: int) -> None:
     lines = 3000
     log_dir = tmp_path / "logs"
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--log-dir", log_dir, "-t", "3",
-                        worker("chatter.py"), lines)
+    result = run_xlarun(
+        "--nproc_per_node", "2", "--master_port", port, "--log-dir", log_dir, "-t", "3", worker("chatter.py"), lines
+    )
     assert result.returncode == 0, result.stderr
     for stream, text in (("out", result.stdout), ("err", result.stderr)):
         numbers: dict[int, list[int]] = {0: [], 1: []}
@@ -123,8 +178,20 @@ def test_concurrent_tee_lines_never_mix(tmp_path: Path, port: int) -> None:
 
 def test_crashing_worker_last_output_is_not_lost_under_tee(tmp_path: Path, port: int) -> None:
     log_dir = tmp_path / "logs"
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--log-dir", log_dir, "-t", "3",
-                        worker("chatter.py"), "200", "--crash-rank", "1")
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        "--log-dir",
+        log_dir,
+        "-t",
+        "3",
+        worker("chatter.py"),
+        "200",
+        "--crash-rank",
+        "1",
+    )
     assert result.returncode == 137
     assert "[default1]:last words of r1" in result.stdout.splitlines()
     assert "[default1]:last words of r1" in result.stderr.splitlines()
@@ -158,9 +225,26 @@ def test_a_console_that_does_not_keep_up_is_waited_for_without_spinning(tmp_path
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     launcher = subprocess.Popen(
-        [*XLARUN, "--nproc_per_node", "2", "--master_port", str(port), "--log-dir", str(tmp_path / "logs"),
-         "-t", "1", "-r", "2", worker("chatter.py"), str(lines)],
-        env=clean_env(), stdin=subprocess.DEVNULL, stdout=write_fd, stderr=subprocess.PIPE)
+        [
+            *XLARUN,
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            "--log-dir",
+            str(tmp_path / "logs"),
+            "-t",
+            "1",
+            "-r",
+            "2",
+            worker("chatter.py"),
+            str(lines),
+        ],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=write_fd,
+        stderr=subprocess.PIPE,
+    )
     os.close(write_fd)
     try:
         received = os.read(read_fd, 64)
@@ -193,9 +277,27 @@ def test_a_console_whose_reader_left_ends_only_the_copy_to_it(tmp_path: Path, po
     lines = 3000
     log_dir = tmp_path / "logs"
     launcher = subprocess.Popen(
-        [*XLARUN, "--nproc_per_node", "2", "--master_port", str(port), "--log-dir", str(log_dir),
-         "-t", "1", "-r", "2", worker("chatter.py"), str(lines)],
-        env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        [
+            *XLARUN,
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            "--log-dir",
+            str(log_dir),
+            "-t",
+            "1",
+            "-r",
+            "2",
+            worker("chatter.py"),
+            str(lines),
+        ],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     assert launcher.stdout is not None
     launcher.stdout.readline()
     launcher.stdout.close()
@@ -211,14 +313,31 @@ def test_a_console_that_refuses_output_is_reported_once_and_the_run_goes_on(tmp_
     log_dir = tmp_path / "logs"
     with open("/dev/full", "wb") as full:
         completed = subprocess.run(
-            [*XLARUN, "--nproc_per_node", "2", "--master_port", str(port), "--log-dir", str(log_dir),
-             "-t", "3", worker("chatter.py"), str(lines)],
-            env=clean_env(), stdin=subprocess.DEVNULL, stdout=full, stderr=subprocess.PIPE, text=True,
-            timeout=RUN_TIMEOUT_S)
+            [
+                *XLARUN,
+                "--nproc_per_node",
+                "2",
+                "--master_port",
+                str(port),
+                "--log-dir",
+                str(log_dir),
+                "-t",
+                "3",
+                worker("chatter.py"),
+                str(lines),
+            ],
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=full,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=RUN_TIMEOUT_S,
+        )
     assert completed.returncode == 0, completed.stderr
     notices = [line for line in completed.stderr.splitlines() if line.startswith("xlarun: cannot write")]
-    assert notices == ["xlarun: cannot write worker output to stdout: No space left on device; "
-                       "output it refuses is lost"]
+    assert notices == [
+        "xlarun: cannot write worker output to stdout: No space left on device; output it refuses is lost"
+    ]
     assert sum(line.startswith("[default") for line in completed.stderr.splitlines()) == 2 * lines
     files = log_files(log_dir)
     assert files["attempt_0/1/stdout.log"].splitlines()[-1] == f"r1 out {lines - 1} " + "x" * ((lines - 1) % 97)

@@ -41,15 +41,20 @@ def test_a_name_whose_lookup_never_ends_is_one_line_within_the_deadline(tmp_path
     with hanging_lookup(tmp_path) as aliases:
         line, took = refused(HANGING_NAME, HOSTALIASES=aliases)
     assert took < DEADLINE_S + START_AND_EXIT_S, took
-    assert line.startswith(f"xlarun: error: --cluster tpu-vm: the metadata server's name {HANGING_NAME} did not "
-                           f"resolve within {DEADLINE_S:g} s; "), line
+    assert line.startswith(
+        f"xlarun: error: --cluster tpu-vm: the metadata server's name {HANGING_NAME} did not "
+        f"resolve within {DEADLINE_S:g} s; "
+    ), line
 
 
-@pytest.mark.parametrize(("host", "said"), [
-    # .invalid never resolves (RFC 6761); a resolver without a name server says so in other words.
-    ("xlarun-nowhere.invalid:8080", "the metadata server's name xlarun-nowhere.invalid does not resolve ("),
-    ("xlarun..invalid", "GCE_METADATA_HOST='xlarun..invalid' is not host[:port]"),
-])
+@pytest.mark.parametrize(
+    ("host", "said"),
+    [
+        # .invalid never resolves (RFC 6761); a resolver without a name server says so in other words.
+        ("xlarun-nowhere.invalid:8080", "the metadata server's name xlarun-nowhere.invalid does not resolve ("),
+        ("xlarun..invalid", "GCE_METADATA_HOST='xlarun..invalid' is not host[:port]"),
+    ],
+)
 def test_a_name_that_does_not_resolve_is_one_line_naming_it(host: str, said: str) -> None:
     line, _ = refused(host)
     assert line.startswith(f"xlarun: error: --cluster tpu-vm: {said}"), line
@@ -63,14 +68,17 @@ def test_a_redirect_is_not_followed() -> None:
     assert REDIRECT_TARGET not in [path for path, _ in served.requests]
 
 
-@pytest.mark.parametrize(("attribute", "value", "said"), [
-    ("worker-network-endpoints", "w0:u0:127.0.0.1 --evil,w1:u1:10.130.0.3", "is not a list of <name>:<uid>:<ip>"),
-    ("worker-network-endpoints", "w0:u0:10.130.0.2,w1:u1:-oProxyCommand=x", "is not a list of <name>:<uid>:<ip>"),
-    ("agent-worker-number", "9" * 5000, "agent-worker-number="),
-    ("tpu-env", "ACCELERATOR_TYPE: '\x1b]0;owned\x07v4-16'\n", "tpu-env's ACCELERATOR_TYPE="),
-    ("tpu-env", "HOST_BOUNDS: '1,1,2 --evil'\n", "tpu-env's HOST_BOUNDS="),
-    ("agent-worker-number", "\udcff1", "agent-worker-number"),
-])
+@pytest.mark.parametrize(
+    ("attribute", "value", "said"),
+    [
+        ("worker-network-endpoints", "w0:u0:127.0.0.1 --evil,w1:u1:10.130.0.3", "is not a list of <name>:<uid>:<ip>"),
+        ("worker-network-endpoints", "w0:u0:10.130.0.2,w1:u1:-oProxyCommand=x", "is not a list of <name>:<uid>:<ip>"),
+        ("agent-worker-number", "9" * 5000, "agent-worker-number="),
+        ("tpu-env", "ACCELERATOR_TYPE: '\x1b]0;owned\x07v4-16'\n", "tpu-env's ACCELERATOR_TYPE="),
+        ("tpu-env", "HOST_BOUNDS: '1,1,2 --evil'\n", "tpu-env's HOST_BOUNDS="),
+        ("agent-worker-number", "\udcff1", "agent-worker-number"),
+    ],
+)
 def test_a_hostile_value_is_refused_in_one_line(attribute: str, value: str, said: str) -> None:
     with serve_metadata({**slice_attributes(1, IPS), attribute: value}) as served:
         line, _ = refused(served.host)

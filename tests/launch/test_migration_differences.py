@@ -30,14 +30,17 @@ def script(tmp_path: Path) -> Path:
 
 
 def test_a_workers_argparse_error_exits_2_where_torchrun_exits_1(script: Path, port: int) -> None:
-    codes = {name: run("--nproc_per_node", "1", "--master_port", port, script, "--no-such-flag").returncode
-             for name, run in (("torchrun", run_torchrun), ("xlarun", run_xlarun))}
+    codes = {
+        name: run("--nproc_per_node", "1", "--master_port", port, script, "--no-such-flag").returncode
+        for name, run in (("torchrun", run_torchrun), ("xlarun", run_xlarun))
+    }
     assert codes == {"torchrun": 1, "xlarun": 2}
 
 
 @pytest.mark.parametrize("stop, xlarun_code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)], ids=["SIGINT", "SIGTERM"])
 def test_a_launcher_stopped_by_a_signal_exits_128_plus_it_where_torchrun_exits_1(
-        script: Path, port: int, tmp_path: Path, stop: signal.Signals, xlarun_code: int) -> None:
+    script: Path, port: int, tmp_path: Path, stop: signal.Signals, xlarun_code: int
+) -> None:
     launchers: dict[str, Callable[..., subprocess.Popen]] = {"torchrun": start_torchrun, "xlarun": start_xlarun}
     codes = {}
     for name, start in launchers.items():

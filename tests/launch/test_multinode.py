@@ -64,8 +64,11 @@ def test_static_two_nodes_with_different_worker_counts(nodes: Nodes, out_dir: Pa
     assert_all_reduced(records, 3)
     # As torchrun: node 0's workers come first, whatever the worker counts.
     assert node_ranks(records) == {0: [0], 1: [1, 2]}
-    assert {(r["env"]["LOCAL_WORLD_SIZE"], r["env"]["LOCAL_RANK"]) for r in records} == \
-        {("1", "0"), ("2", "0"), ("2", "1")}
+    assert {(r["env"]["LOCAL_WORLD_SIZE"], r["env"]["LOCAL_RANK"]) for r in records} == {
+        ("1", "0"),
+        ("2", "0"),
+        ("2", "1"),
+    }
     # The workers' store is the job's: the agent on node 0 serves it at --master_addr:--master_port.
     assert {(r["env"]["MASTER_ADDR"], r["env"]["MASTER_PORT"]) for r in records} == {(HOST, str(port))}
     # What the launcher sets to quieten its own c10d client is not passed on.
@@ -96,8 +99,9 @@ def test_c10d_two_nodes(nodes: Nodes, out_dir: Path, port: int) -> None:
     grouped = node_ranks(records)
     assert sorted(grouped) == [0, 1]
     assert [rank for node in sorted(grouped) for rank in grouped[node]] == [0, 1, 2]
-    sizes = {node: {by_rank(records)[rank]["env"]["LOCAL_WORLD_SIZE"] for rank in ranks}
-             for node, ranks in grouped.items()}
+    sizes = {
+        node: {by_rank(records)[rank]["env"]["LOCAL_WORLD_SIZE"] for rank in ranks} for node, ranks in grouped.items()
+    }
     assert sorted(len(ranks) for ranks in grouped.values()) == [1, 2]
     assert sizes == {node: {str(len(ranks))} for node, ranks in grouped.items()}
     assert {r["env"]["TORCHELASTIC_RUN_ID"] for r in records} == {"c10d-job"}
@@ -130,16 +134,21 @@ def test_worker_failure_on_one_node_stops_every_node(nodes: Nodes, out_dir: Path
     assert len(pids) == 3 and not [pid for pid in pids if is_alive(pid)]
     for run in runs:
         root_cause = run.stderr.split("Root Cause (first observed failure):", 1)[-1]
-        assert re.search(rf"^\s*host\s*:\s*{re.escape(socket.getfqdn())} \(node_rank: 1\)$", root_cause, re.M), \
-            both(runs)
+        assert re.search(rf"^\s*host\s*:\s*{re.escape(socket.getfqdn())} \(node_rank: 1\)$", root_cause, re.M), both(
+            runs
+        )
         assert re.search(r"^\s*rank\s*:\s*2 \(local_rank: 1\)$", root_cause, re.M), both(runs)
         assert re.search(r"^\s*exitcode\s*:\s*3 ", root_cause, re.M), both(runs)
 
 
-@pytest.mark.parametrize("backend, killed", [("static", 1), ("static", 0), ("c10d", 0)],
-                         ids=["static-node1", "static-node0-store-host", "c10d-store-host"])
-def test_agent_killed_with_sigkill_stops_the_other_node(nodes: Nodes, out_dir: Path, port: int, backend: str,
-                                                        killed: int) -> None:
+@pytest.mark.parametrize(
+    "backend, killed",
+    [("static", 1), ("static", 0), ("c10d", 0)],
+    ids=["static-node1", "static-node0-store-host", "c10d-store-host"],
+)
+def test_agent_killed_with_sigkill_stops_the_other_node(
+    nodes: Nodes, out_dir: Path, port: int, backend: str, killed: int
+) -> None:
     agents = []
     for node_rank in (0, 1):
         flags = static(port, node_rank, 2, 1) if backend == "static" else c10d(port, "job", 2, 1)
@@ -159,8 +168,10 @@ def test_agent_killed_with_sigkill_stops_the_other_node(nodes: Nodes, out_dir: P
     assert run.returncode != 0, run.stderr
     last = lines(run)[-1]
     if killed == 1:
-        assert last == (f"xlarun: node {victim_node} ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
-                        "(its launcher is gone, or its host stopped or was cut off)"), run.stderr
+        assert last == (
+            f"xlarun: node {victim_node} ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
+            "(its launcher is gone, or its host stopped or was cut off)"
+        ), run.stderr
     else:
         assert last.startswith(f"xlarun: lost the rendezvous store at {HOST}:{port} "), run.stderr
         assert last.endswith(f"): node {victim_node}, which hosted it, stopped"), run.stderr
@@ -169,9 +180,9 @@ def test_agent_killed_with_sigkill_stops_the_other_node(nodes: Nodes, out_dir: P
 
 
 @pytest.mark.parametrize("backend", ["static", "c10d"])
-def test_a_lost_node_is_named_as_the_root_cause_within_the_heartbeat_timeout(nodes: Nodes, tmp_path: Path,
-                                                                            out_dir: Path, port: int,
-                                                                            backend: str) -> None:
+def test_a_lost_node_is_named_as_the_root_cause_within_the_heartbeat_timeout(
+    nodes: Nodes, tmp_path: Path, out_dir: Path, port: int, backend: str
+) -> None:
     """The victim's peers fail at once in their next all-reduce (gloo: connection closed by
     peer); the root cause is still the node whose launcher vanished, and the store's host says
     so within the heartbeat timeout plus a second, without waiting out the close timeout."""
@@ -185,8 +196,11 @@ def test_a_lost_node_is_named_as_the_root_cause_within_the_heartbeat_timeout(nod
         wait_for(lambda: listeners(port), f"the store to listen on port {port}")
     nodes.wait_for_records(2)
     survivor, victim = agents
-    [lost] = [record["node"] for record in nodes.records()
-              if record["pid"] in [child.pid for child in psutil.Process(victim.pid).children()]]
+    [lost] = [
+        record["node"]
+        for record in nodes.records()
+        if record["pid"] in [child.pid for child in psutil.Process(victim.pid).children()]
+    ]
     os.kill(victim.pid, signal.SIGKILL)
     killed = time.monotonic()
     run = finish(survivor)
@@ -195,23 +209,30 @@ def test_a_lost_node_is_named_as_the_root_cause_within_the_heartbeat_timeout(nod
 
     assert took < 3 + 1, f"{took:.1f} s from the loss to the exit\n{run.stderr}"
     assert run.returncode == 1, run.stderr
-    named = (f"xlarun: node {lost} ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
-             "(its launcher is gone, or its host stopped or was cut off)")
+    named = (
+        f"xlarun: node {lost} ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
+        "(its launcher is gone, or its host stopped or was cut off)"
+    )
     assert lines(run)[-1] == named, run.stderr
     record = json.loads(summary.read_text())
     assert (record["result"], record["exit_code"]) == ("failed", 1)
-    assert record["root_cause"] == {"reason": "node_lost", "node_rank": lost, "host": socket.getfqdn(),
-                                    "message": named.removeprefix("xlarun: "), "exit_status": 1}
+    assert record["root_cause"] == {
+        "reason": "node_lost",
+        "node_rank": lost,
+        "host": socket.getfqdn(),
+        "message": named.removeprefix("xlarun: "),
+        "exit_status": 1,
+    }
 
 
-def test_a_frozen_store_host_is_given_up_when_heartbeats_go_unanswered(nodes: Nodes, out_dir: Path,
-                                                                       port: int) -> None:
+def test_a_frozen_store_host_is_given_up_when_heartbeats_go_unanswered(nodes: Nodes, out_dir: Path, port: int) -> None:
     """A host that hangs, or is cut off without a reset, never closes its connections: the
     other node stops its workers and exits once its beats go unanswered for ``read_timeout``
     (30 s unless given)."""
-    agents = [nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", f"{HEARTBEAT},read_timeout=4", FAIL,
-                          out_dir, "-1")
-              for node_rank in (0, 1)]
+    agents = [
+        nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", f"{HEARTBEAT},read_timeout=4", FAIL, out_dir, "-1")
+        for node_rank in (0, 1)
+    ]
     nodes.wait_for_records(2)
     frozen = [agents[0].pid, *(child.pid for child in psutil.Process(agents[0].pid).children(recursive=True))]
     try:
@@ -224,19 +245,23 @@ def test_a_frozen_store_host_is_given_up_when_heartbeats_go_unanswered(nodes: No
             os.kill(pid, signal.SIGKILL)
 
     assert run.returncode == 1, run.stderr
-    assert lines(run)[-1] == (f"xlarun: lost the rendezvous store at {HOST}:{port} (no answer to a heartbeat "
-                              "for 4 s): node 0, which hosted it, stopped"), run.stderr
+    assert lines(run)[-1] == (
+        f"xlarun: lost the rendezvous store at {HOST}:{port} (no answer to a heartbeat "
+        "for 4 s): node 0, which hosted it, stopped"
+    ), run.stderr
     assert pids and not [pid for pid in pids if is_alive(pid)]
 
 
-def test_a_store_host_paused_past_the_read_timeout_blames_no_one_for_its_own_pause(nodes: Nodes, out_dir: Path,
-                                                                                   port: int) -> None:
+def test_a_store_host_paused_past_the_read_timeout_blames_no_one_for_its_own_pause(
+    nodes: Nodes, out_dir: Path, port: int
+) -> None:
     """Node 0's launcher is stopped (SIGSTOP) for longer than ``read_timeout``: node 1 gives its
     store up, rightly; node 0, once continued, names node 1, which went silent, never the store it
     serves itself."""
-    agents = [nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", f"{HEARTBEAT},read_timeout=4", FAIL,
-                          out_dir, "-1")
-              for node_rank in (0, 1)]
+    agents = [
+        nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", f"{HEARTBEAT},read_timeout=4", FAIL, out_dir, "-1")
+        for node_rank in (0, 1)
+    ]
     nodes.wait_for_records(2)
     os.kill(agents[0].pid, signal.SIGSTOP)
     try:
@@ -247,15 +272,19 @@ def test_a_store_host_paused_past_the_read_timeout_blames_no_one_for_its_own_pau
 
     assert other.returncode == 1 and "node 0, which hosted it, stopped" in lines(other)[-1], other.stderr
     assert run.returncode == 1, run.stderr
-    assert lines(run)[-1] == (f"xlarun: node 1 ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
-                              "(its launcher is gone, or its host stopped or was cut off)"), run.stderr
+    assert lines(run)[-1] == (
+        f"xlarun: node 1 ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
+        "(its launcher is gone, or its host stopped or was cut off)"
+    ), run.stderr
     assert "node 0" not in run.stderr and "store" not in without_warnings(run.stderr), run.stderr
 
 
 @pytest.mark.parametrize("stopped", [1, 0], ids=["node1", "node0-store-host"])
 def test_sigterm_to_one_agent_stops_the_other_node(nodes: Nodes, out_dir: Path, port: int, stopped: int) -> None:
-    agents = [nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", HEARTBEAT, FAIL, out_dir, "-1")
-              for node_rank in (0, 1)]
+    agents = [
+        nodes.start(*static(port, node_rank, 2, 1), "--rdzv_conf", HEARTBEAT, FAIL, out_dir, "-1")
+        for node_rank in (0, 1)
+    ]
     nodes.wait_for_records(2)
     agents[stopped].send_signal(signal.SIGTERM)
     runs = nodes.finish_all(agents)
@@ -277,8 +306,9 @@ def test_nodes_restart_together(nodes: Nodes, out_dir: Path, port: int) -> None:
 
     assert [run.returncode for run in runs] == [0, 0], both(runs)
     records = nodes.records()
-    assert sorted((r["attempt"], r["node"], r["rank"]) for r in records) == \
-        [(attempt, rank, rank) for attempt in (0, 1, 2) for rank in (0, 1)]
+    assert sorted((r["attempt"], r["node"], r["rank"]) for r in records) == [
+        (attempt, rank, rank) for attempt in (0, 1, 2) for rank in (0, 1)
+    ]
     # Every attempt all-reduced (so each had a working store) with the same two ranks.
     assert {r["sum"] for r in records} == {1}
     for run in runs:
@@ -290,11 +320,18 @@ def test_nodes_restart_together(nodes: Nodes, out_dir: Path, port: int) -> None:
 
 
 @pytest.mark.parametrize("last_node", ["finishes", "is-stopped"])
-def test_a_node_done_first_waits_for_the_others_past_the_join_timeout(nodes: Nodes, out_dir: Path, port: int,
-                                                                        last_node: str) -> None:
+def test_a_node_done_first_waits_for_the_others_past_the_join_timeout(
+    nodes: Nodes, out_dir: Path, port: int, last_node: str
+) -> None:
     # Node 0's worker ends at once; node 1's runs well past the join timeout, which bounds joining only.
-    command = ["--rdzv_conf", f"join_timeout=2,{HEARTBEAT}", "--no-python", "sh", "-c",
-               f"touch {out_dir}/started.$GROUP_RANK; sleep $((GROUP_RANK * 6)); touch {out_dir}/ended.$GROUP_RANK"]
+    command = [
+        "--rdzv_conf",
+        f"join_timeout=2,{HEARTBEAT}",
+        "--no-python",
+        "sh",
+        "-c",
+        f"touch {out_dir}/started.$GROUP_RANK; sleep $((GROUP_RANK * 6)); touch {out_dir}/ended.$GROUP_RANK",
+    ]
     agents = [nodes.start(*static(port, node_rank, 2, 1), *command) for node_rank in (0, 1)]
     if last_node == "is-stopped":
         wait_for(files_exist(out_dir / "ended.0", out_dir / "started.1"), "node 0's worker to end")
@@ -322,8 +359,9 @@ def test_join_timeout_names_the_missing_nodes(out_dir: Path, port: int) -> None:
 
 def test_a_launcher_error_still_leaves_the_summary_file(tmp_path: Path, out_dir: Path, port: int) -> None:
     summary = tmp_path / "summary.json"
-    run = run_xlarun(*static(port, 0, 2, 1), "--rdzv_conf", "join_timeout=2", "--summary-file", summary,
-                     ALLREDUCE, out_dir)
+    run = run_xlarun(
+        *static(port, 0, 2, 1), "--rdzv_conf", "join_timeout=2", "--summary-file", summary, ALLREDUCE, out_dir
+    )
 
     assert run.returncode == 1
     record = json.loads(summary.read_text())
@@ -337,15 +375,22 @@ def test_c10d_join_timeout_is_one_line(out_dir: Path, port: int) -> None:
     run = run_xlarun(*c10d(port, "late", 2, 1), "--rdzv_conf", "join_timeout=3", ALLREDUCE, out_dir)
 
     assert run.returncode == 1
-    assert lines(run) == [f"xlarun: 1 of 2 nodes joined in 3 s at {HOST}:{port} (run id 'late'): start the missing "
-                          "nodes with the same --rdzv-endpoint and --rdzv-id"]
+    assert lines(run) == [
+        f"xlarun: 1 of 2 nodes joined in 3 s at {HOST}:{port} (run id 'late'): start the missing "
+        "nodes with the same --rdzv-endpoint and --rdzv-id"
+    ]
     assert list(out_dir.iterdir()) == []
 
 
 def test_waiting_on_a_terminal_is_one_status_line(out_dir: Path, port: int) -> None:
     primary, secondary = os.openpty()
-    process = subprocess.Popen([*XLARUN, *static(port, 0, 2, 1), "--rdzv_conf", "join_timeout=2", ALLREDUCE, out_dir],
-                               env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=secondary)
+    process = subprocess.Popen(
+        [*XLARUN, *static(port, 0, 2, 1), "--rdzv_conf", "join_timeout=2", ALLREDUCE, out_dir],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=secondary,
+    )
     os.close(secondary)
     terminal = without_warnings(read_terminal(primary))
     process.wait()
@@ -381,13 +426,18 @@ def test_unreachable_store_is_one_line(out_dir: Path, port: int) -> None:
     assert list(out_dir.iterdir()) == []
 
 
-@pytest.mark.parametrize("job_conf, job_env, stray_flags, stray_env, reason", [
-    ((), {}, ("--rdzv_id", "other"), {}, "serves run id 'job', not 'other'"),
-    (("--rdzv_conf", "token=s3cret"), {}, ("--rdzv_conf", "token=guess"), {}, "token does not match"),
-    ((), {"XLARUN_RDZV_TOKEN": "s3cret"}, (), {}, "token does not match"),
-], ids=["run-id", "token-flag", "token-env"])
-def test_stray_agent_is_refused_and_the_job_goes_on(nodes: Nodes, out_dir: Path, port: int, job_conf, job_env,
-                                                    stray_flags, stray_env, reason) -> None:
+@pytest.mark.parametrize(
+    "job_conf, job_env, stray_flags, stray_env, reason",
+    [
+        ((), {}, ("--rdzv_id", "other"), {}, "serves run id 'job', not 'other'"),
+        (("--rdzv_conf", "token=s3cret"), {}, ("--rdzv_conf", "token=guess"), {}, "token does not match"),
+        ((), {"XLARUN_RDZV_TOKEN": "s3cret"}, (), {}, "token does not match"),
+    ],
+    ids=["run-id", "token-flag", "token-env"],
+)
+def test_stray_agent_is_refused_and_the_job_goes_on(
+    nodes: Nodes, out_dir: Path, port: int, job_conf, job_env, stray_flags, stray_env, reason
+) -> None:
     node0 = nodes.start(*static(port, 0, 2, 1), "--rdzv_id", "job", *job_conf, ALLREDUCE, out_dir, env=job_env)
     stray = run_xlarun(*static(port, 1, 2, 1), "--rdzv_id", "job", *stray_flags, ALLREDUCE, out_dir, env=stray_env)
     node1 = nodes.start(*static(port, 1, 2, 1), "--rdzv_id", "job", *job_conf, ALLREDUCE, out_dir, env=job_env)
@@ -401,24 +451,36 @@ def test_stray_agent_is_refused_and_the_job_goes_on(nodes: Nodes, out_dir: Path,
     assert_all_reduced(nodes.records(), 2)
 
 
-def test_a_node_that_plans_another_node_count_is_refused_as_a_usage_error(nodes: Nodes, out_dir: Path,
-                                                                         port: int) -> None:
+def test_a_node_that_plans_another_node_count_is_refused_as_a_usage_error(
+    nodes: Nodes, out_dir: Path, port: int
+) -> None:
     node0 = nodes.start(*static(port, 0, 2, 1), ALLREDUCE, out_dir)
     misplanned = run_xlarun(*static(port, 1, 3, 1), ALLREDUCE, out_dir)
     node1 = nodes.start(*static(port, 1, 2, 1), ALLREDUCE, out_dir)
     runs = nodes.finish_all([node0, node1])
 
     assert misplanned.returncode == 2, misplanned.stderr
-    assert lines(misplanned) == ["xlarun: error: node 1 plans 3 nodes but node 0 plans 2: give every node the "
-                                 "same --nnodes"]
+    assert lines(misplanned) == [
+        "xlarun: error: node 1 plans 3 nodes but node 0 plans 2: give every node the same --nnodes"
+    ]
     assert [run.returncode for run in runs] == [0, 0], both(runs)
-    assert len([line for line in lines(runs[0]) if line.startswith("xlarun: refused an agent: ")
-                and line.endswith("node 1 plans 3 nodes but node 0 plans 2: give every node the same --nnodes")]) == 1
+    assert (
+        len(
+            [
+                line
+                for line in lines(runs[0])
+                if line.startswith("xlarun: refused an agent: ")
+                and line.endswith("node 1 plans 3 nodes but node 0 plans 2: give every node the same --nnodes")
+            ]
+        )
+        == 1
+    )
     assert_all_reduced(nodes.records(), 2)
 
 
-def test_second_agent_with_a_taken_node_rank_is_refused_and_the_job_goes_on(nodes: Nodes, out_dir: Path,
-                                                                             port: int) -> None:
+def test_second_agent_with_a_taken_node_rank_is_refused_and_the_job_goes_on(
+    nodes: Nodes, out_dir: Path, port: int
+) -> None:
     node0 = nodes.start(*static(port, 0, 3, 1), ALLREDUCE, out_dir)
     # Two agents claim node rank 1: whichever comes second is turned away.
     claimants = [nodes.start(*static(port, 1, 3, 1), ALLREDUCE, out_dir) for _ in range(2)]
@@ -461,7 +523,9 @@ def test_store_listens_only_on_the_given_address(nodes: Nodes, out_dir: Path, po
 
 def test_the_rendezvous_needs_neither_the_report_nor_the_supervisor() -> None:
     """Failure records pass between nodes without pulling in the process supervision."""
-    code = ("import sys, xlarun.rendezvous; "
-            "print(sorted(name for name in ('xlarun.supervision.report', 'xlarun.supervision.group') if name in sys.modules))")
+    code = (
+        "import sys, xlarun.rendezvous; "
+        "print(sorted(name for name in ('xlarun.supervision.report', 'xlarun.supervision.group') if name in sys.modules))"
+    )
     completed = subprocess.run([XLARUN[0], "-c", code], capture_output=True, text=True, env=clean_env())
     assert completed.stdout.strip() == "[]", completed.stderr

@@ -27,8 +27,10 @@ from multinode import HOST, Nodes, both, c10d, kill_machine, lines, listeners, s
 
 ELASTIC = worker("mn_elastic.py")
 # torch's keep-alive needs three intervals at 1 s: its state is cached for a second between reads.
-CONF = ("--rdzv_conf", "heartbeat_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,"
-        "join_timeout=60")
+CONF = (
+    "--rdzv_conf",
+    "heartbeat_timeout=3,keep_alive_interval=1,keep_alive_max_attempt=3,last_call_timeout=1,join_timeout=60",
+)
 
 
 def last_attempt(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -39,12 +41,14 @@ def last_attempt(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def assert_world(records: list[dict[str, Any]], world: int) -> None:
     """Every worker of an attempt saw the same world of contiguous ranks, and all-reduced over it."""
     assert [record["rank"] for record in records] == list(range(world)), records
-    assert {(record["world"], record["env_world"], record["sum"]) for record in records} == \
-        {(world, world, sum(range(world)))}, records
+    assert {(record["world"], record["env_world"], record["sum"]) for record in records} == {
+        (world, world, sum(range(world)))
+    }, records
 
 
-def start_c10d_nodes(nodes: Nodes, out_dir: Path, port: int, count: int, nnodes: str,
-                     *extra: str) -> list[subprocess.Popen]:
+def start_c10d_nodes(
+    nodes: Nodes, out_dir: Path, port: int, count: int, nnodes: str, *extra: str
+) -> list[subprocess.Popen]:
     """``count`` agents; the first serves the store (it binds the endpoint's port before the others come)."""
     agents = []
     for _ in range(count):
@@ -63,11 +67,13 @@ def restart_lines(run: Run) -> list[str]:
     return [line for line in lines(run) if "restarting with" in line]
 
 
-def test_a_lost_node_leaves_the_survivors_running_with_the_nodes_they_have(nodes: Nodes, out_dir: Path,
-                                                                           tmp_path: Path, port: int) -> None:
+def test_a_lost_node_leaves_the_survivors_running_with_the_nodes_they_have(
+    nodes: Nodes, out_dir: Path, tmp_path: Path, port: int
+) -> None:
     summary = tmp_path / "summary.json"
-    host, *others = start_c10d_nodes(nodes, out_dir, port, 3, "2:3", "--max_restarts", "3",
-                                     "--summary-file", str(summary))
+    host, *others = start_c10d_nodes(
+        nodes, out_dir, port, 3, "2:3", "--max_restarts", "3", "--summary-file", str(summary)
+    )
     nodes.wait_for_records(3)
     victim, survivor = others
     victim_workers = [child.pid for child in psutil.Process(victim.pid).children(recursive=True)]
@@ -82,17 +88,22 @@ def test_a_lost_node_leaves_the_survivors_running_with_the_nodes_they_have(nodes
     assert {record["attempt"] for record in final} == {1}
     assert len({record["master"] for record in nodes.records()}) == 2
     for run in runs:
-        assert restart_lines(run) == [f"xlarun: node {victim_node} ({socket.getfqdn()}) left; "
-                                      "restarting with 2 nodes (2..3)"], both(runs)
-        assert any(line.startswith("xlarun: attempt 0 failed (") and line.endswith("(restart 1 of 3)")
-                   for line in lines(run)), both(runs)
+        assert restart_lines(run) == [
+            f"xlarun: node {victim_node} ({socket.getfqdn()}) left; restarting with 2 nodes (2..3)"
+        ], both(runs)
+        assert any(
+            line.startswith("xlarun: attempt 0 failed (") and line.endswith("(restart 1 of 3)") for line in lines(run)
+        ), both(runs)
     attempts = json.loads(summary.read_text())["attempts"]
-    assert [(attempt["attempt"], attempt["world_size"], len(attempt["nodes"])) for attempt in attempts] == \
-        [(0, 3, 3), (1, 2, 2)]
+    assert [(attempt["attempt"], attempt["world_size"], len(attempt["nodes"])) for attempt in attempts] == [
+        (0, 3, 3),
+        (1, 2, 2),
+    ]
 
 
-def test_a_late_node_is_let_in_by_a_restart_that_costs_no_restart(nodes: Nodes, out_dir: Path,
-                                                                  tmp_path: Path, port: int) -> None:
+def test_a_late_node_is_let_in_by_a_restart_that_costs_no_restart(
+    nodes: Nodes, out_dir: Path, tmp_path: Path, port: int
+) -> None:
     summary = tmp_path / "summary.json"
     first = start_c10d_nodes(nodes, out_dir, port, 2, "2:3", "--summary-file", str(summary))
     nodes.wait_for_records(2)
@@ -108,8 +119,10 @@ def test_a_late_node_is_let_in_by_a_restart_that_costs_no_restart(nodes: Nodes, 
         [change] = restart_lines(run)
         assert re.fullmatch(r"xlarun: \S+ joined as node [0-2]; restarting with 3 nodes \(2\.\.3\)", change), both(runs)
     attempts = json.loads(summary.read_text())["attempts"]
-    assert [(attempt["attempt"], attempt["world_size"], len(attempt["nodes"])) for attempt in attempts] == \
-        [(0, 2, 2), (1, 3, 3)]
+    assert [(attempt["attempt"], attempt["world_size"], len(attempt["nodes"])) for attempt in attempts] == [
+        (0, 2, 2),
+        (1, 3, 3),
+    ]
 
 
 def test_a_replacement_takes_the_place_of_a_lost_node(nodes: Nodes, out_dir: Path, port: int) -> None:
@@ -126,8 +139,10 @@ def test_a_replacement_takes_the_place_of_a_lost_node(nodes: Nodes, out_dir: Pat
 
 
 def test_a_static_node_restarted_with_its_rank_rejoins(nodes: Nodes, out_dir: Path, port: int) -> None:
-    agents = [nodes.start(*static(port, node_rank, 2, 1), *CONF, "--max_restarts", "2", ELASTIC, out_dir, "1")
-              for node_rank in (0, 1)]
+    agents = [
+        nodes.start(*static(port, node_rank, 2, 1), *CONF, "--max_restarts", "2", ELASTIC, out_dir, "1")
+        for node_rank in (0, 1)
+    ]
     nodes.wait_for_records(2)
     kill_machine(agents[1].pid)
     replacement = nodes.start(*static(port, 1, 2, 1), *CONF, "--max_restarts", "2", ELASTIC, out_dir, "1")
@@ -151,22 +166,28 @@ def test_a_node_waiting_for_a_place_when_the_job_ends_exits_0(nodes: Nodes, tmp_
     for _ in range(2):
         running.append(nodes.start(*c10d(port, "full", 2, 1), *CONF, *until_released))
         wait_for(lambda: listeners(port), f"the store to listen on port {port}")
-    wait_for(lambda: all(any(child.name() == "sh" for child in psutil.Process(agent.pid).children(recursive=True))
-                         for agent in running), "both nodes' workers")
+    wait_for(
+        lambda: all(
+            any(child.name() == "sh" for child in psutil.Process(agent.pid).children(recursive=True))
+            for agent in running
+        ),
+        "both nodes' workers",
+    )
     spare = nodes.start(*c10d(port, "full", 2, 1), *CONF, "--summary-file", str(summary), *until_released)
     wait_for_a_spare(port, "full")
     release.touch()
     runs = nodes.finish_all([*running, spare])
 
     assert [run.returncode for run in runs] == [0, 0, 0], both(runs)
-    assert lines(runs[2]) == [f"xlarun: the job of run id 'full' at {HOST}:{port} ended while this node waited for "
-                              "a place in it; nothing to run"], both(runs)
+    assert lines(runs[2]) == [
+        f"xlarun: the job of run id 'full' at {HOST}:{port} ended while this node waited for "
+        "a place in it; nothing to run"
+    ], both(runs)
     record = json.loads(summary.read_text())
     assert (record["result"], record["exit_code"], record["attempts"]) == ("not_needed", 0, [])
 
 
-def test_a_spare_waiting_at_the_maximum_takes_the_place_of_a_lost_node(nodes: Nodes, out_dir: Path,
-                                                                      port: int) -> None:
+def test_a_spare_waiting_at_the_maximum_takes_the_place_of_a_lost_node(nodes: Nodes, out_dir: Path, port: int) -> None:
     host, victim = start_c10d_nodes(nodes, out_dir, port, 2, "2", "--max_restarts", "3")
     nodes.wait_for_records(2)
     spare = nodes.start(*c10d(port, "elastic", 2, 1), *CONF, "--max_restarts", "3", ELASTIC, out_dir, "1")
@@ -180,5 +201,6 @@ def test_a_spare_waiting_at_the_maximum_takes_the_place_of_a_lost_node(nodes: No
     assert {record["attempt"] for record in final} == {1}
     for run in runs:
         [change] = restart_lines(run)
-        assert re.fullmatch(r"xlarun: node \d \(\S+\) left, \S+ joined as node \d; restarting with 2 nodes", change), \
+        assert re.fullmatch(r"xlarun: node \d \(\S+\) left, \S+ joined as node \d; restarting with 2 nodes", change), (
             both(runs)
+        )

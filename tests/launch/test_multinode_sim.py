@@ -18,8 +18,13 @@ POD_SCALE = [sys.executable, "-m", "scripts.bench", "pod-scale"]
 
 def test_a_small_simulated_pod_prints_its_table(tmp_path: Path) -> None:
     markdown = tmp_path / "pod.md"
-    finished = subprocess.run([*POD_SCALE, "--nodes", "4,8", "--window", "1", "--markdown-out", str(markdown)],
-                              cwd=REPO, capture_output=True, text=True, timeout=240)
+    finished = subprocess.run(
+        [*POD_SCALE, "--nodes", "4,8", "--window", "1", "--markdown-out", str(markdown)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
 
     assert finished.returncode == 0, finished.stderr
     rows = [line for line in finished.stdout.splitlines() if re.match(r"\| \d+ \|", line)]

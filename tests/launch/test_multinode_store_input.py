@@ -29,31 +29,40 @@ GARBAGE = {
     f"xlarun/{RUN_ID}/attempt_0/failure": b"\xff{not json",
     f"xlarun/{RUN_ID}/attempt_0/stacks/1": b"[1, 2",
 }
-WORKER = ["--no-python", "sh", "-c",
-          'touch "$0/started.$RANK"; while [ ! -e "$0/go" ]; do sleep 0.05; done; [ "$RANK" = 1 ] && exit 3; '
-          "sleep 600"]
+WORKER = [
+    "--no-python",
+    "sh",
+    "-c",
+    'touch "$0/started.$RANK"; while [ ! -e "$0/go" ]; do sleep 0.05; done; [ "$RANK" = 1 ] && exit 3; sleep 600',
+]
 
 
 def write_garbage(port: int) -> None:
-    script = ("import datetime, sys\n"
-              "from torch.distributed import TCPStore\n"
-              f"store = TCPStore({HOST!r}, {port}, None, False, datetime.timedelta(seconds=10))\n"
-              f"for key, value in {GARBAGE!r}.items():\n"
-              "    store.set(key, value)\n")
+    script = (
+        "import datetime, sys\n"
+        "from torch.distributed import TCPStore\n"
+        f"store = TCPStore({HOST!r}, {port}, None, False, datetime.timedelta(seconds=10))\n"
+        f"for key, value in {GARBAGE!r}.items():\n"
+        "    store.set(key, value)\n"
+    )
     subprocess.run([sys.executable, "-c", script], check=True, timeout=60)
 
 
 def start_two_nodes(nodes: Nodes, out_dir: Path, port: int) -> list[subprocess.Popen]:
-    agents = [nodes.start(*static(port, node_rank, 2, 1), "--rdzv_id", RUN_ID, "--rdzv_conf", "heartbeat_timeout=3",
-                          *WORKER, out_dir)
-              for node_rank in (0, 1)]
+    agents = [
+        nodes.start(
+            *static(port, node_rank, 2, 1), "--rdzv_id", RUN_ID, "--rdzv_conf", "heartbeat_timeout=3", *WORKER, out_dir
+        )
+        for node_rank in (0, 1)
+    ]
     wait_for(files_exist(out_dir / "started.0", out_dir / "started.1"), "both workers to start")
     write_garbage(port)
     return agents
 
 
-def test_garbage_in_the_store_leaves_a_lost_node_noticed_within_the_heartbeat_timeout(nodes: Nodes, out_dir: Path,
-                                                                                    port: int) -> None:
+def test_garbage_in_the_store_leaves_a_lost_node_noticed_within_the_heartbeat_timeout(
+    nodes: Nodes, out_dir: Path, port: int
+) -> None:
     agents = start_two_nodes(nodes, out_dir, port)
     time.sleep(1)  # the store's host has read the refusal
     os.kill(agents[1].pid, signal.SIGKILL)
@@ -64,15 +73,18 @@ def test_garbage_in_the_store_leaves_a_lost_node_noticed_within_the_heartbeat_ti
 
     assert took < 3 + 1, f"{took:.1f} s from the loss to the exit\n{run.stderr}"
     assert run.returncode == 1, run.stderr
-    assert lines(run)[-1] == (f"xlarun: node 1 ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
-                              "(its launcher is gone, or its host stopped or was cut off)"), run.stderr
+    assert lines(run)[-1] == (
+        f"xlarun: node 1 ({socket.getfqdn()}) stopped responding: no heartbeat for 3 s "
+        "(its launcher is gone, or its host stopped or was cut off)"
+    ), run.stderr
     # The stray's words are shown, escaped: nothing reaches the terminal raw.
     assert r"xlarun: refused an agent: \xff\xfe\x1b]0;owned\x07\x1b[2J" in lines(run), run.stderr
     assert "\x1b" not in run.stderr and "\x07" not in run.stderr
 
 
-def test_garbage_in_the_store_leaves_the_real_root_cause_and_its_exit_code(nodes: Nodes, out_dir: Path,
-                                                                         port: int) -> None:
+def test_garbage_in_the_store_leaves_the_real_root_cause_and_its_exit_code(
+    nodes: Nodes, out_dir: Path, port: int
+) -> None:
     agents = start_two_nodes(nodes, out_dir, port)
     (out_dir / "go").touch()
     runs = nodes.finish_all(agents)

@@ -35,7 +35,7 @@ def checkout(tmp_path: Path) -> Path:
     bin_dir.mkdir(parents=True)
     (bin_dir / "python").write_text(STAND_IN_PYTHON)
     (bin_dir / "python").chmod(0o755)
-    (bin_dir / "xlarun").write_text(f"#!/bin/sh\nexec {' '.join(XLARUN)} \"$@\"\n")
+    (bin_dir / "xlarun").write_text(f'#!/bin/sh\nexec {" ".join(XLARUN)} "$@"\n')
     (bin_dir / "xlarun").chmod(0o755)
     return tmp_path
 
@@ -62,16 +62,24 @@ def test_setup_says_each_step_what_it_installs_and_its_size(checkout: Path) -> N
     assert "--quiet" in upgrade.split() and "--quiet" in install.split()
 
     again = setup(checkout)
-    assert again.stdout == ("setup-venv.sh: .venv is up to date (pyproject.toml and constraints.txt unchanged "
-                            "since it was installed)\n")
+    assert again.stdout == (
+        "setup-venv.sh: .venv is up to date (pyproject.toml and constraints.txt unchanged since it was installed)\n"
+    )
     assert len(pip_calls(checkout)) == 2  # nothing installed again
 
 
 def test_setup_on_a_terminal_lets_pip_show_its_progress(checkout: Path) -> None:
     leader, follower = os.openpty()
     try:
-        completed = subprocess.run([str(checkout / "scripts" / "setup-venv.sh")], cwd=checkout, stdout=follower,
-                                   stderr=subprocess.PIPE, stdin=subprocess.DEVNULL, timeout=60, check=False)
+        completed = subprocess.run(
+            [str(checkout / "scripts" / "setup-venv.sh")],
+            cwd=checkout,
+            stdout=follower,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            timeout=60,
+            check=False,
+        )
     finally:
         os.close(follower)
         os.close(leader)
@@ -87,7 +95,9 @@ def test_demo_launches_and_ends_saying_how_to_run_xlarun(checkout: Path) -> None
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert sorted(line.split(" host=")[0] for line in lines if "]:rank=" in line) == [
-        "[default0]:rank=0 world=2 sum=1", "[default1]:rank=1 world=2 sum=1"]
+        "[default0]:rank=0 world=2 sum=1",
+        "[default1]:rank=1 world=2 sum=1",
+    ]
     last = lines[-1]
     assert last.startswith("demo.sh: xlarun is .venv/bin/xlarun, not on your PATH")
     assert "'source .venv/bin/activate'" in last

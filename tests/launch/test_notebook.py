@@ -29,9 +29,11 @@ def kernel(tmp_path: Path) -> Iterator[Kernel]:
 
 def sleeper(ready_dir: Path) -> str:
     """A cell's function that marks its rank ready, then sleeps far past any test."""
-    return (f"def sleep_long():\n"
-            f"    open(os.path.join({str(ready_dir)!r}, os.environ['RANK']), 'w').close()\n"
-            f"    time.sleep(300)")
+    return (
+        f"def sleep_long():\n"
+        f"    open(os.path.join({str(ready_dir)!r}, os.environ['RANK']), 'w').close()\n"
+        f"    time.sleep(300)"
+    )
 
 
 def start_sleepers(kernel: Kernel, ready_dir: Path) -> Cell:
@@ -45,30 +47,37 @@ def start_sleepers(kernel: Kernel, ready_dir: Path) -> Cell:
 def test_cell_defined_functions_return_every_ranks_value(kernel: Kernel) -> None:
     """A def, a lambda and a closure from a notebook's cells each come back as [rank 0, ..., rank 3];
     the kernel's environment is as before and it has not imported torch."""
-    cells = run_notebook(kernel, [
-        "environment_before = dict(os.environ)",
-        f"{RANK}\n{LAUNCH_RANK}",
-        'xlarun.launch(lambda: int(os.environ["RANK"]), nproc_per_node=4, device="cpu").values',
-        'def offset_by(n):\n    def ranked():\n        return int(os.environ["RANK"]) + n\n    return ranked\n'
-        'xlarun.launch(offset_by(10), nproc_per_node=4, device="cpu").values',
-        'dict(os.environ) == environment_before, "torch" in sys.modules',
-    ])
-    shown = [next(output["data"]["text/plain"] for output in cell.outputs if output["output_type"] == "execute_result")
-             for cell in cells[1:]]
+    cells = run_notebook(
+        kernel,
+        [
+            "environment_before = dict(os.environ)",
+            f"{RANK}\n{LAUNCH_RANK}",
+            'xlarun.launch(lambda: int(os.environ["RANK"]), nproc_per_node=4, device="cpu").values',
+            'def offset_by(n):\n    def ranked():\n        return int(os.environ["RANK"]) + n\n    return ranked\n'
+            'xlarun.launch(offset_by(10), nproc_per_node=4, device="cpu").values',
+            'dict(os.environ) == environment_before, "torch" in sys.modules',
+        ],
+    )
+    shown = [
+        next(output["data"]["text/plain"] for output in cell.outputs if output["output_type"] == "execute_result")
+        for cell in cells[1:]
+    ]
     assert shown == ["[0, 1, 2, 3]", "[0, 1, 2, 3]", "[10, 11, 12, 13]", "(True, False)"]
 
 
 def test_a_ranks_exception_reaches_the_cell(kernel: Kernel) -> None:
-    failing = ('def fail_on_two():\n'
-               '    if os.environ["RANK"] == "2":\n'
-               '        raise ValueError("bad")\n'
-               '    return 0\n'
-               'try:\n'
-               '    xlarun.launch(fail_on_two, nproc_per_node=4, device="cpu")\n'
-               'except xlarun.WorkerFailed as failed:\n'
-               '    error = failed\n'
-               '(error.root_cause.rank, isinstance(error.__cause__, ValueError), str(error.__cause__),\n'
-               ' error.root_cause.traceback)')
+    failing = (
+        "def fail_on_two():\n"
+        '    if os.environ["RANK"] == "2":\n'
+        '        raise ValueError("bad")\n'
+        "    return 0\n"
+        "try:\n"
+        '    xlarun.launch(fail_on_two, nproc_per_node=4, device="cpu")\n'
+        "except xlarun.WorkerFailed as failed:\n"
+        "    error = failed\n"
+        "(error.root_cause.rank, isinstance(error.__cause__, ValueError), str(error.__cause__),\n"
+        " error.root_cause.traceback)"
+    )
     rank, is_value_error, message, traceback = ast.literal_eval(kernel.value(failing))
     assert (rank, is_value_error, message) == (2, True, "bad")
     assert "ValueError: bad" in traceback
@@ -86,17 +95,19 @@ def test_the_workers_output_shows_in_the_cell(kernel: Kernel) -> None:
     [role local_rank]:."""
     # One write a line: unbuffered workers' print() writes its pieces apart, which interleave on a
     # terminal as in a cell.
-    greet = 'def greet():\n    sys.stdout.write(f"hello from {os.environ[\'RANK\']}\\n")\n    sys.stdout.flush()'
+    greet = "def greet():\n    sys.stdout.write(f\"hello from {os.environ['RANK']}\\n\")\n    sys.stdout.flush()"
     assert kernel.run(greet).error is None
     plain = kernel.run('xlarun.launch(greet, nproc_per_node=4, device="cpu").exit_code')
     assert plain.error is None, plain.error_text
     assert sorted(line for line in plain.stdout.splitlines() if "hello from" in line) == [
-        f"hello from {rank}" for rank in range(4)]
+        f"hello from {rank}" for rank in range(4)
+    ]
 
     teed = kernel.run('xlarun.launch(greet, nproc_per_node=4, device="cpu", tee=3).exit_code')
     assert teed.error is None, teed.error_text
     assert sorted(line for line in teed.stdout.splitlines() if "hello from" in line) == [
-        f"[default{rank}]:hello from {rank}" for rank in range(4)]
+        f"[default{rank}]:hello from {rank}" for rank in range(4)
+    ]
 
 
 def test_an_interrupt_leaves_no_worker_and_the_next_launch_works(kernel: Kernel, tmp_path: Path) -> None:

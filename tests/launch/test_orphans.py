@@ -77,10 +77,26 @@ def test_nothing_outlives_a_launcher_killed_with_sigkill(out_dir: Path, port: in
     another name, kills every worker's group: workers and grandchildren are gone within a second."""
     token = f"orphans-{uuid.uuid4().hex}"
     # `setsid xlarun ...`: the launcher leads a process group of its own, as under job control or timeout.
-    launcher = subprocess.Popen([*XLARUN, "--rdzv_id", token, "--nproc_per_node", "2", "--master_port", str(port),
-                                 worker("grandchild.py"), str(out_dir), "wait"],
-                                env=clean_env(), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True)
+    launcher = subprocess.Popen(
+        [
+            *XLARUN,
+            "--rdzv_id",
+            token,
+            "--nproc_per_node",
+            "2",
+            "--master_port",
+            str(port),
+            worker("grandchild.py"),
+            str(out_dir),
+            "wait",
+        ],
+        env=clean_env(),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
     wait_for(files_exist(*(out_dir / f"{rank}.ready" for rank in (0, 1))), "workers and their children")
     launched = pids(out_dir, "ready") + pids(out_dir, "grandchild")
     [guard] = [child.pid for child in psutil.Process(launcher.pid).children() if child.pid not in launched]
@@ -88,8 +104,11 @@ def test_nothing_outlives_a_launcher_killed_with_sigkill(out_dir: Path, port: in
     try:
         assert all(is_alive(pid) for pid in launched)
         kill_launcher(launcher, mode, token)
-        wait_for(lambda: not any(is_alive(pid) for pid in launched), "every worker, grandchild and the guard to die",
-                 timeout=1.0)
+        wait_for(
+            lambda: not any(is_alive(pid) for pid in launched),
+            "every worker, grandchild and the guard to die",
+            timeout=1.0,
+        )
         assert finish(launcher).returncode == -signal.SIGKILL
     finally:
         kill_all(launched)
@@ -130,8 +149,9 @@ os.kill(os.getpid(), signal.SIGKILL)
 def test_the_guard_kills_the_groups_that_enlisted_and_nothing_else() -> None:
     """A worker enlists itself before its exec; a group that is gone leaves the list, so a later
     process that reuses its number is safe; a process that did not enlist is left alone."""
-    completed = subprocess.run([sys.executable, "-c", GUARDED_LAUNCHER], capture_output=True, text=True,
-                               env=clean_env(), timeout=60)
+    completed = subprocess.run(
+        [sys.executable, "-c", GUARDED_LAUNCHER], capture_output=True, text=True, env=clean_env(), timeout=60
+    )
     enlisted, unlisted = map(int, completed.stdout.split())
     try:
         assert completed.returncode == -signal.SIGKILL, completed.stderr
@@ -180,10 +200,14 @@ def test_no_worker_outlives_a_launcher_killed_during_start_up(port: int) -> None
     for _ in range(50):
         token = uuid.uuid4().hex
         started = rng.randint(1, 16)
-        launcher = subprocess.Popen([*XLARUN, "--nproc_per_node", "16", "--master_port", str(port),
-                                     "--no-python", "sleep", "600"],
-                                    env=clean_env({RUN_MARKER: token}), stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        launcher = subprocess.Popen(
+            [*XLARUN, "--nproc_per_node", "16", "--master_port", str(port), "--no-python", "sleep", "600"],
+            env=clean_env({RUN_MARKER: token}),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         deadline = time.monotonic() + 30.0
         # The guard is the launcher's first child; the workers follow.
         while children(launcher.pid) < 1 + started and launcher.poll() is None and time.monotonic() < deadline:

@@ -35,37 +35,81 @@ def invocations(tmp_path: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     pet_port = {"PET_MASTER_PORT": port}
     return {
         "nproc 2": (["--nproc_per_node", "2", script], pet_port),
-        "one node, explicit": (["--nnodes", "1", "--node_rank", "0", "--master_port", port,
-                                "--nproc-per-node", "2", script, "a", "b"], {}),
-        "role, run id, restarts": (["--role", "trainer", "--rdzv_id", "job7", "--max_restarts", "2",
-                                    "--nproc_per_node", "2", script], pet_port),
-        "module": (["-m", "--nproc_per_node", "2", "dump_env", "--flag", "x"],
-                   {**pet_port, "PYTHONPATH": str(WORKERS)}),
+        "one node, explicit": (
+            ["--nnodes", "1", "--node_rank", "0", "--master_port", port, "--nproc-per-node", "2", script, "a", "b"],
+            {},
+        ),
+        "role, run id, restarts": (
+            ["--role", "trainer", "--rdzv_id", "job7", "--max_restarts", "2", "--nproc_per_node", "2", script],
+            pet_port,
+        ),
+        "module": (
+            ["-m", "--nproc_per_node", "2", "dump_env", "--flag", "x"],
+            {**pet_port, "PYTHONPATH": str(WORKERS)},
+        ),
         "no python": (["--no-python", "--nproc_per_node", "2", dump_script_for_no_python(tmp_path), "z"], pet_port),
         "local_rank substitution and launcher-looking args": (
-            ["--nproc_per_node", "2", script, "--shard=${local_rank}", "out_${local_rank}.txt",
-             "--nproc-per-node=3", "-m", "--help"], pet_port),
+            [
+                "--nproc_per_node",
+                "2",
+                script,
+                "--shard=${local_rank}",
+                "out_${local_rank}.txt",
+                "--nproc-per-node=3",
+                "-m",
+                "--help",
+            ],
+            pet_port,
+        ),
         "leading double dash": (["--nproc_per_node", "2", "--", script, "--", "kept"], pet_port),
-        "relative script, one worker": (["--nproc_per_node", "1", os.path.relpath(script, tmp_path / "work")],
-                                        pet_port),
-        "user's OMP and NCCL values": (["--nproc_per_node", "2", script],
-                                       {**pet_port, "OMP_NUM_THREADS": "3", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"}),
+        "relative script, one worker": (
+            ["--nproc_per_node", "1", os.path.relpath(script, tmp_path / "work")],
+            pet_port,
+        ),
+        "user's OMP and NCCL values": (
+            ["--nproc_per_node", "2", script],
+            {**pet_port, "OMP_NUM_THREADS": "3", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "0"},
+        ),
         "PET_NPROC_PER_NODE": ([script], {**pet_port, "PET_NPROC_PER_NODE": "2"}),
         # pytorch/examples' distributed/ddp/run_example.sh: the endpoint names the workers' store.
-        "static endpoint, one node": (["--nnodes=1", "--nproc_per_node=2", "--rdzv_id=101",
-                                       f"--rdzv_endpoint=localhost:{port}", script], {}),
-        "static endpoint over a master port": (["--nnodes", "1", "--master_port", str(free_port()),
-                                                "--rdzv_endpoint", f"localhost:{port}", "--nproc_per_node", "2",
-                                                script], {}),
+        "static endpoint, one node": (
+            ["--nnodes=1", "--nproc_per_node=2", "--rdzv_id=101", f"--rdzv_endpoint=localhost:{port}", script],
+            {},
+        ),
+        "static endpoint over a master port": (
+            [
+                "--nnodes",
+                "1",
+                "--master_port",
+                str(free_port()),
+                "--rdzv_endpoint",
+                f"localhost:{port}",
+                "--nproc_per_node",
+                "2",
+                script,
+            ],
+            {},
+        ),
     }
 
 
-@pytest.mark.parametrize("case", [
-    "nproc 2", "one node, explicit", "role, run id, restarts", "module", "no python",
-    "local_rank substitution and launcher-looking args", "leading double dash",
-    "relative script, one worker", "user's OMP and NCCL values", "PET_NPROC_PER_NODE",
-    "static endpoint, one node", "static endpoint over a master port",
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        "nproc 2",
+        "one node, explicit",
+        "role, run id, restarts",
+        "module",
+        "no python",
+        "local_rank substitution and launcher-looking args",
+        "leading double dash",
+        "relative script, one worker",
+        "user's OMP and NCCL values",
+        "PET_NPROC_PER_NODE",
+        "static endpoint, one node",
+        "static endpoint over a master port",
+    ],
+)
 def test_workers_get_torchruns_contract(tmp_path: Path, case: str) -> None:
     args, env = invocations(tmp_path)[case]
     torchrun, xlarun = launch_both(tmp_path, args, env)
@@ -77,18 +121,37 @@ def test_contract_values_of_a_plain_two_worker_launch(tmp_path: Path) -> None:
     port = free_port()
     dump_dir = tmp_path / "dump"
     dump_dir.mkdir()
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, worker("dump_env.py"),
-                        env={"DUMP_DIR": str(dump_dir)}, cwd=tmp_path)
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        worker("dump_env.py"),
+        env={"DUMP_DIR": str(dump_dir)},
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stderr
     for rank in (0, 1):
         env = json.loads((dump_dir / f"{rank}_0.json").read_text())["env"]
         assert {key: env[key] for key in CONTRACT_VARIABLES} == {
-            "LOCAL_RANK": str(rank), "RANK": str(rank), "GROUP_RANK": "0", "ROLE_RANK": str(rank),
-            "ROLE_NAME": "default", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2", "GROUP_WORLD_SIZE": "1",
-            "ROLE_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
-            "TORCHELASTIC_RESTART_COUNT": "0", "TORCHELASTIC_MAX_RESTARTS": "0", "TORCHELASTIC_RUN_ID": "none",
-            "TORCHELASTIC_USE_AGENT_STORE": "False", "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
-            "OMP_NUM_THREADS": "1"}
+            "LOCAL_RANK": str(rank),
+            "RANK": str(rank),
+            "GROUP_RANK": "0",
+            "ROLE_RANK": str(rank),
+            "ROLE_NAME": "default",
+            "LOCAL_WORLD_SIZE": "2",
+            "WORLD_SIZE": "2",
+            "GROUP_WORLD_SIZE": "1",
+            "ROLE_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "TORCHELASTIC_RESTART_COUNT": "0",
+            "TORCHELASTIC_MAX_RESTARTS": "0",
+            "TORCHELASTIC_RUN_ID": "none",
+            "TORCHELASTIC_USE_AGENT_STORE": "False",
+            "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+            "OMP_NUM_THREADS": "1",
+        }
     # torchrun's rule comes with its one-line notice.
     notices = [line for line in result.stderr.splitlines() if "OMP_NUM_THREADS" in line]
     assert len(notices) == 1
@@ -116,15 +179,30 @@ def test_standalone_shapes_match_torchrun(tmp_path: Path) -> None:
         assert len(run_ids) == 1
         run_id = run_ids.pop()
         assert str(uuid.UUID(run_id)) == run_id
-    assert {d["env"]["TORCHELASTIC_RUN_ID"] for d in xlarun.values()} != \
-        {d["env"]["TORCHELASTIC_RUN_ID"] for d in torchrun.values()}
+    assert {d["env"]["TORCHELASTIC_RUN_ID"] for d in xlarun.values()} != {
+        d["env"]["TORCHELASTIC_RUN_ID"] for d in torchrun.values()
+    }
 
 
 def test_c10d_at_port_0_shapes_match_torchrun(tmp_path: Path) -> None:
     """What ``--standalone`` expands to, written out: the store takes a free port on the endpoint's host."""
-    torchrun, xlarun = launch_both(tmp_path, ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                                              "localhost:0", "--rdzv-id", "job5", "--nproc_per_node", "2",
-                                              worker("dump_env.py")], {})
+    torchrun, xlarun = launch_both(
+        tmp_path,
+        [
+            "--nnodes",
+            "1",
+            "--rdzv-backend",
+            "c10d",
+            "--rdzv-endpoint",
+            "localhost:0",
+            "--rdzv-id",
+            "job5",
+            "--nproc_per_node",
+            "2",
+            worker("dump_env.py"),
+        ],
+        {},
+    )
     assert_same_contract(torchrun, xlarun, also_random=("MASTER_PORT",))
     for dumps in (torchrun, xlarun):
         ports = {dump["env"]["MASTER_PORT"] for dump in dumps.values()}

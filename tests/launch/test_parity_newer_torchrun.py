@@ -37,8 +37,11 @@ from helpers import (
 from parity import assert_same_contract, launch_both
 
 _TORCH = importlib.util.find_spec("torch")
-_RUN_PY = (Path(_TORCH.submodule_search_locations[0]) / "distributed" / "run.py"
-           if _TORCH and _TORCH.submodule_search_locations else None)
+_RUN_PY = (
+    Path(_TORCH.submodule_search_locations[0]) / "distributed" / "run.py"
+    if _TORCH and _TORCH.submodule_search_locations
+    else None
+)
 TORCHRUN_SOURCE = _RUN_PY.read_text() if _RUN_PY is not None and _RUN_PY.exists() else ""
 TORCH_VERSION = importlib.metadata.version("torch") if _TORCH else "none"
 QUIET = {"TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}
@@ -48,8 +51,9 @@ get it, so the workers' environments stay comparable."""
 
 def torchrun_has(*flags: str) -> pytest.MarkDecorator:
     missing = [flag for flag in flags if f'"{flag}"' not in TORCHRUN_SOURCE]
-    return pytest.mark.skipif(bool(missing), reason=f"the installed torch {TORCH_VERSION}'s torchrun has no "
-                                                    f"{', '.join(missing)}")
+    return pytest.mark.skipif(
+        bool(missing), reason=f"the installed torch {TORCH_VERSION}'s torchrun has no {', '.join(missing)}"
+    )
 
 
 # ---- what the workers get
@@ -60,10 +64,14 @@ def contract_cases(port: int) -> dict[str, tuple[list[str], dict[str, str]]]:
     return {
         "virtual local rank": (["--virtual-local-rank", *two, script], {}),
         "virtual local rank, the launcher's CUDA_VISIBLE_DEVICES": (
-            ["--virtual_local_rank", *two, script], {"CUDA_VISIBLE_DEVICES": " 5,3 ,1"}),
+            ["--virtual_local_rank", *two, script],
+            {"CUDA_VISIBLE_DEVICES": " 5,3 ,1"},
+        ),
         "PET_VIRTUAL_LOCAL_RANK": ([*two, script], {"PET_VIRTUAL_LOCAL_RANK": "1"}),
         "signals to handle, the launcher's own list overwritten": (
-            ["--signals-to-handle", "SIGTERM, SIGUSR1", *two, script], {"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGHUP"}),
+            ["--signals-to-handle", "SIGTERM, SIGUSR1", *two, script],
+            {"TORCHELASTIC_SIGNALS_TO_HANDLE": "SIGHUP"},
+        ),
         "PET_SIGNALS_TO_HANDLE": ([*two, script], {"PET_SIGNALS_TO_HANDLE": "SIGINT,SIGUSR2"}),
         "default signals": ([*two, script], {}),
         "shutdown timeout": (["--shutdown-timeout", "5", *two, script], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "7"}),
@@ -76,20 +84,38 @@ def test_workers_get_the_newer_torchruns_contract(tmp_path: Path, case: str) -> 
     args, env = contract_cases(free_port())[case]
     torchrun, xlarun = launch_both(tmp_path, args, {**QUIET, **env})
     assert_same_contract(torchrun, xlarun)
-    assert {dump["env"]["TORCHELASTIC_SIGNALS_TO_HANDLE"] for dump in xlarun.values()} == \
-        {dump["env"]["TORCHELASTIC_SIGNALS_TO_HANDLE"] for dump in torchrun.values()}
+    assert {dump["env"]["TORCHELASTIC_SIGNALS_TO_HANDLE"] for dump in xlarun.values()} == {
+        dump["env"]["TORCHELASTIC_SIGNALS_TO_HANDLE"] for dump in torchrun.values()
+    }
 
 
 # ---- log files and the console
 
 
-def run_logged(launch: Callable[..., Run], tmp_path: Path, name: str, flags: list[str], env: dict[str, str],
-               failing_attempts: int = 0) -> tuple[Run, Path]:
+def run_logged(
+    launch: Callable[..., Run],
+    tmp_path: Path,
+    name: str,
+    flags: list[str],
+    env: dict[str, str],
+    failing_attempts: int = 0,
+) -> tuple[Run, Path]:
     """``filtered_lines.py`` on two workers under ``launch``; the result and the run's log directory."""
     log_dir, marks = tmp_path / name, tmp_path / f"{name}-marks"
     marks.mkdir()
-    result = launch("--nproc_per_node", "2", "--master_port", free_port(), "--log-dir", log_dir, *flags,
-                    worker("filtered_lines.py"), failing_attempts, marks, env={**QUIET, **env})
+    result = launch(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        free_port(),
+        "--log-dir",
+        log_dir,
+        *flags,
+        worker("filtered_lines.py"),
+        failing_attempts,
+        marks,
+        env={**QUIET, **env},
+    )
     assert result.returncode == 0, result.stderr
     (run_dir,) = log_dir.iterdir()
     return result, run_dir
@@ -108,16 +134,49 @@ def log_tree(run_dir: Path) -> dict[str, list[str]]:
 
 LOG_CASES = {
     "filters on both streams, a template with the host name": (
-        ["--tee", "3", "--duplicate-stdout-filters", "step,acc,, top1", "--duplicate_stderr_filters", "warning",
-         "--log-line-prefix-template", "${hostname}:${role_name}:${rank}:${local_rank}| "], {}, 0),
+        [
+            "--tee",
+            "3",
+            "--duplicate-stdout-filters",
+            "step,acc,, top1",
+            "--duplicate_stderr_filters",
+            "warning",
+            "--log-line-prefix-template",
+            "${hostname}:${role_name}:${rank}:${local_rank}| ",
+        ],
+        {},
+        0,
+    ),
     "the console's filter, stderr not tee'd, a restart": (
-        ["--tee", "1", "--local-ranks-filter", "0", "--max-restarts", "1", "--duplicate-stdout-filters", "loss",
-         "--duplicate-stderr-filters", "warning"], {}, 1),
+        [
+            "--tee",
+            "1",
+            "--local-ranks-filter",
+            "0",
+            "--max-restarts",
+            "1",
+            "--duplicate-stdout-filters",
+            "loss",
+            "--duplicate-stderr-filters",
+            "warning",
+        ],
+        {},
+        1,
+    ),
     "PET variables, an empty filter": (
-        ["--tee", "3"], {"PET_DUPLICATE_STDOUT_FILTERS": "", "PET_DUPLICATE_STDERR_FILTERS": "fine",
-                         "PET_LOG_LINE_PREFIX_TEMPLATE": "<${rank}> "}, 0),
-    "torchrun's template variable": (["--tee", "1"], {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "${hostname}/${rank} "},
-                                     0),
+        ["--tee", "3"],
+        {
+            "PET_DUPLICATE_STDOUT_FILTERS": "",
+            "PET_DUPLICATE_STDERR_FILTERS": "fine",
+            "PET_LOG_LINE_PREFIX_TEMPLATE": "<${rank}> ",
+        },
+        0,
+    ),
+    "torchrun's template variable": (
+        ["--tee", "1"],
+        {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "${hostname}/${rank} "},
+        0,
+    ),
 }
 
 
@@ -139,10 +198,12 @@ def test_the_same_log_files_with_the_same_lines_and_the_same_console(tmp_path: P
 
 
 @torchrun_has("--shutdown-timeout")
-@pytest.mark.parametrize("grace", [["--shutdown-timeout", "1"], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "1"}],
-                         ids=["flag", "torch's variable"])
+@pytest.mark.parametrize(
+    "grace", [["--shutdown-timeout", "1"], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "1"}], ids=["flag", "torch's variable"]
+)
 def test_the_shutdown_grace_ends_sigterm_ignoring_workers_under_both(
-        tmp_path: Path, grace: list[str] | dict[str, str]) -> None:
+    tmp_path: Path, grace: list[str] | dict[str, str]
+) -> None:
     """Stopped by SIGTERM, both launchers kill the workers that ignore it after 1 s (30 s would pass
     the time limit). torchrun uses the grace only there: a worker's failure still waits 30 s; xlarun
     uses it for every teardown (``test_newer_torchrun_flags.py``)."""
@@ -150,8 +211,9 @@ def test_the_shutdown_grace_ends_sigterm_ignoring_workers_under_both(
     for name, start in (("torchrun", start_torchrun), ("xlarun", start_xlarun)):
         out_dir = tmp_path / name
         out_dir.mkdir()
-        launcher = start_signal_recorders(out_dir, ["--master_port", free_port(), *flags], ["--ignore-term"],
-                                          env={**QUIET, **env}, start=start)
+        launcher = start_signal_recorders(
+            out_dir, ["--master_port", free_port(), *flags], ["--ignore-term"], env={**QUIET, **env}, start=start
+        )
         pids = [read_pid(out_dir / f"{rank}.ready") for rank in (0, 1)]
         launcher.send_signal(signal.SIGTERM)
         finish(launcher, timeout=20)
@@ -169,8 +231,10 @@ def test_a_listed_sigusr1_reaches_every_worker_under_both(tmp_path: Path) -> Non
         out_dir.mkdir()
         launcher = start_signal_recorders(out_dir, ["--master_port", free_port(), *flags], env=QUIET, start=start)
         launcher.send_signal(signal.SIGUSR1)
-        wait_for(lambda: all(recorded_signals(out_dir, rank) == ["SIGUSR1"] for rank in (0, 1)),  # noqa: B023
-                 f"SIGUSR1 at {name}'s workers")
+        wait_for(
+            lambda: all(recorded_signals(out_dir, rank) == ["SIGUSR1"] for rank in (0, 1)),  # noqa: B023
+            f"SIGUSR1 at {name}'s workers",
+        )
         if name == "xlarun":
             assert launcher.poll() is None, "xlarun stopped"
             (out_dir / "finish").write_text("")
@@ -185,8 +249,9 @@ def test_a_signal_left_out_ends_both_launchers_by_its_default_action(tmp_path: P
     for name, start in (("torchrun", start_torchrun), ("xlarun", start_xlarun)):
         out_dir = tmp_path / name
         out_dir.mkdir()
-        launcher = start_signal_recorders(out_dir, ["--master_port", free_port(), "--signals-to-handle", "SIGHUP"],
-                                          env=QUIET, start=start)
+        launcher = start_signal_recorders(
+            out_dir, ["--master_port", free_port(), "--signals-to-handle", "SIGHUP"], env=QUIET, start=start
+        )
         pids = [read_pid(out_dir / f"{rank}.ready") for rank in (0, 1)]
         launcher.send_signal(signal.SIGTERM)
         # Not finish(): torchrun's surviving workers hold its output pipes open.
@@ -205,8 +270,16 @@ def test_too_few_visible_gpus_for_the_virtual_local_rank_start_no_worker_under_b
     codes = {}
     for name, launch in (("torchrun", run_torchrun), ("xlarun", run_xlarun)):
         marker = tmp_path / f"{name}.ran"
-        result = launch("--virtual-local-rank", "--nproc_per_node", "3", "--master_port", free_port(),
-                        worker("marker.py"), marker, env={**QUIET, "CUDA_VISIBLE_DEVICES": "0,1"})
+        result = launch(
+            "--virtual-local-rank",
+            "--nproc_per_node",
+            "3",
+            "--master_port",
+            free_port(),
+            worker("marker.py"),
+            marker,
+            env={**QUIET, "CUDA_VISIBLE_DEVICES": "0,1"},
+        )
         codes[name] = result.returncode
         assert not marker.exists(), name
     assert codes == {"torchrun": 1, "xlarun": 2}
@@ -221,15 +294,18 @@ def test_a_signal_name_torchrun_cannot_handle(tmp_path: Path) -> None:
     assert torchrun.returncode == 0 and "SIGFOO" in torchrun.stderr and marker.exists()
     marker.unlink()
     xlarun = run_xlarun(*args, env=QUIET)
-    assert xlarun.returncode == 2 and xlarun.stderr.strip().endswith("'SIGFOO' is no signal name): expected signal "
-                                                                     "names such as SIGTERM,SIGUSR1")
+    assert xlarun.returncode == 2 and xlarun.stderr.strip().endswith(
+        "'SIGFOO' is no signal name): expected signal names such as SIGTERM,SIGUSR1"
+    )
     assert not marker.exists()
 
 
 @torchrun_has("--print-completion")
 def test_a_shell_neither_completes_is_refused_by_both() -> None:
-    codes = {name: launch("--print-completion", "fish", env=QUIET).returncode
-             for name, launch in (("torchrun", run_torchrun), ("xlarun", run_xlarun))}
+    codes = {
+        name: launch("--print-completion", "fish", env=QUIET).returncode
+        for name, launch in (("torchrun", run_torchrun), ("xlarun", run_xlarun))
+    }
     assert codes == {"torchrun": 2, "xlarun": 2}
 
 

@@ -26,7 +26,15 @@ def test_c10d_runs_with_keys_it_never_reads(conf: str, tmp_path: Path) -> None:
     # The quoted form is torchrun's own test_launch_elastic: the key read is last_call_timeout=1;
     # "'join_timeout" and timeout="5'" are not keys c10d reads.
     nnodes = "1:2" if conf == QUOTED else "1"
-    result = run_xlarun(*c10d(free_port(), nnodes), "--nproc-per-node", "2", "--rdzv-conf", conf,
-                        worker("dump_env.py"), env={"DUMP_DIR": str(tmp_path)}, timeout=120)
+    result = run_xlarun(
+        *c10d(free_port(), nnodes),
+        "--nproc-per-node",
+        "2",
+        "--rdzv-conf",
+        conf,
+        worker("dump_env.py"),
+        env={"DUMP_DIR": str(tmp_path)},
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert sorted(path.name for path in tmp_path.iterdir()) == ["0_0.json", "1_0.json"]

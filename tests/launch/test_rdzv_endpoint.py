@@ -63,12 +63,16 @@ def test_c10d_endpoint_at_port_0_runs_on_a_free_port(tmp_path: Path) -> None:
         assert host == "localhost" and 0 < int(port) < 65536
 
 
-@pytest.mark.parametrize("args", [
-    ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"],
-    ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"],
-    ["--nnodes", "2", "--node_rank", "0", "--rdzv-endpoint", "localhost:0"],
-    ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "is_host=0"],
-], ids=["c10d, two nodes", "c10d, up to two nodes", "static, two nodes", "c10d, another host serves"])
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"],
+        ["--nnodes", "1:2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0"],
+        ["--nnodes", "2", "--node_rank", "0", "--rdzv-endpoint", "localhost:0"],
+        ["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:0", "--rdzv-conf", "is_host=0"],
+    ],
+    ids=["c10d, two nodes", "c10d, up to two nodes", "static, two nodes", "c10d, another host serves"],
+)
 def test_a_store_at_port_0_that_another_launcher_must_reach_is_refused(tmp_path: Path, args: list[str]) -> None:
     """Only the launcher serving the store learns the port it takes: no other one can reach it.
 
@@ -85,10 +89,14 @@ def test_a_store_at_port_0_that_another_launcher_must_reach_is_refused(tmp_path:
     assert not marker.exists()
 
 
-@pytest.mark.parametrize(("args", "named"), [
-    (["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "192.0.2.1:0"], "192.0.2.1"),
-    (["--nnodes", "1", "--rdzv-endpoint", "localhost", "--master_port", "0"], "'localhost'"),
-], ids=["port 0 on another host", "static endpoint without a port"])
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--nnodes", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", "192.0.2.1:0"], "192.0.2.1"),
+        (["--nnodes", "1", "--rdzv-endpoint", "localhost", "--master_port", "0"], "'localhost'"),
+    ],
+    ids=["port 0 on another host", "static endpoint without a port"],
+)
 def test_an_endpoint_torchrun_cannot_start_from_is_refused(tmp_path: Path, args: list[str], named: str) -> None:
     """torchrun fails on each: it reaches for a store at another host's port 0, or raises "port is
     missing in endpoint" with a traceback. xlarun says why in one line, exit 2, nothing started."""

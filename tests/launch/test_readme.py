@@ -24,10 +24,18 @@ HOSTS = TESTS / "fixtures" / "hosts"
 CLUSTERS = TESTS / "fixtures" / "cluster"
 
 # The host each device's section is planned on, and the device its plans must get.
-SECTION_HOSTS = {"TPU": ("tpu-v4-vm", "tpu"), "AWS Neuron": ("trn1-32xlarge", "neuron"),
-                 "XLA:GPU": ("nvidia-8gpu", "cuda"), "CPU": ("gce-cpu-vm", "cpu")}
-CLUSTER_FIXTURES = {"slurm": "slurm_step_node1", "k8s": "k8s_pytorchjob_worker1", "gke-tpu": "gke_tpu_worker1",
-                    "mpi": "mpi_npernode1_rank1"}
+SECTION_HOSTS = {
+    "TPU": ("tpu-v4-vm", "tpu"),
+    "AWS Neuron": ("trn1-32xlarge", "neuron"),
+    "XLA:GPU": ("nvidia-8gpu", "cuda"),
+    "CPU": ("gce-cpu-vm", "cpu"),
+}
+CLUSTER_FIXTURES = {
+    "slurm": "slurm_step_node1",
+    "k8s": "k8s_pytorchjob_worker1",
+    "gke-tpu": "gke_tpu_worker1",
+    "mpi": "mpi_npernode1_rank1",
+}
 # What worker 1 of a two-host v4-16 slice's metadata server says, for --cluster tpu-vm.
 TPU_VM = slice_attributes(1, ["10.130.0.2", "10.130.0.3"])
 COMMANDS = manual_commands()[0]
@@ -37,7 +45,7 @@ def argv(command: Command) -> list[str]:
     """The command's words from ``xlarun`` on; the manual's commands need no shell variables."""
     assert "$" not in command.line and not command.exported, command.line
     words = shlex.split(command.line)
-    return words[words.index("xlarun"):]
+    return words[words.index("xlarun") :]
 
 
 @pytest.mark.parametrize("command", COMMANDS, ids=[f"{c.page}, {c.section}: {c.line}" for c in COMMANDS])

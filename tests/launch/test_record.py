@@ -24,8 +24,12 @@ def test_same_file_as_torchs_record(tmp_path: Path) -> None:
     written = {}
     for wrapping in ("xlarun", "torch"):
         error_file = tmp_path / f"{wrapping}.json"
-        completed = subprocess.run([PYTHON, worker("raises.py"), wrapping], capture_output=True, text=True,
-                                   env=clean_env({"RANK": "0", "TORCHELASTIC_ERROR_FILE": str(error_file)}))
+        completed = subprocess.run(
+            [PYTHON, worker("raises.py"), wrapping],
+            capture_output=True,
+            text=True,
+            env=clean_env({"RANK": "0", "TORCHELASTIC_ERROR_FILE": str(error_file)}),
+        )
         assert completed.returncode == 1
         assert "RuntimeError: boom from the worker" in completed.stderr
         written[wrapping] = json.loads(error_file.read_text())
@@ -35,13 +39,14 @@ def test_same_file_as_torchs_record(tmp_path: Path) -> None:
         assert data["message"]["extraInfo"]["py_callstack"].endswith("RuntimeError: boom from the worker\n")
 
 
-@pytest.mark.skipif(followed_torchrun() != (2, 9), reason="reads torchrun 2.9's report; later torchruns list the "
-                    "stopped peers too")
+@pytest.mark.skipif(
+    followed_torchrun() != (2, 9), reason="reads torchrun 2.9's report; later torchruns list the stopped peers too"
+)
 def test_torchrun_reports_a_traceback_written_by_xlarun_record(port: int) -> None:
     script = worker("raises.py")
     result = run_torchrun("--nproc_per_node", "2", "--master_port", port, script, "xlarun")
     assert result.returncode == 1
-    block = result.stderr[result.stderr.index(f"{script} FAILED"):]
+    block = result.stderr[result.stderr.index(f"{script} FAILED") :]
     assert "error_file: <N/A>" not in block
     assert "traceback : Traceback (most recent call last):" in block
     assert "  RuntimeError: boom from the worker" in block
@@ -50,5 +55,8 @@ def test_torchrun_reports_a_traceback_written_by_xlarun_record(port: int) -> Non
 def test_record_needs_no_torch() -> None:
     completed = subprocess.run(
         [PYTHON, "-c", "import sys, xlarun; xlarun.record(print); print('torch' in sys.modules)"],
-        capture_output=True, text=True, env=clean_env())
+        capture_output=True,
+        text=True,
+        env=clean_env(),
+    )
     assert completed.stdout.strip() == "False", completed.stderr

@@ -51,8 +51,17 @@ from xlarun.runtimes.releases import (
 pytestmark = pytest.mark.release_matrix
 
 SOURCES = REPO / ".venv" / "torch-xla-sources"
-VERSIONS = {(2, 1): "2.1.0", (2, 2): "2.2.0", (2, 3): "2.3.0", (2, 4): "2.4.0", (2, 5): "2.5.1",
-            (2, 6): "2.6.0", (2, 7): "2.7.0", (2, 8): "2.8.1", (2, 9): "2.9.0"}
+VERSIONS = {
+    (2, 1): "2.1.0",
+    (2, 2): "2.2.0",
+    (2, 3): "2.3.0",
+    (2, 4): "2.4.0",
+    (2, 5): "2.5.1",
+    (2, 6): "2.6.0",
+    (2, 7): "2.7.0",
+    (2, 8): "2.8.1",
+    (2, 9): "2.9.0",
+}
 """The patch release of each supported release whose wheel the fetch script downloads."""
 HOSTS = TESTS / "fixtures" / "hosts"
 MASTER = "10.0.0.1"
@@ -64,14 +73,24 @@ SPMD_DEVICES = 4
 
 def gke(accelerator: str, host_bounds: str, worker_id: int, hostnames: str) -> dict[str, str]:
     """A TPU slice as GKE describes it to the pod; torch_xla reads it instead of the metadata server."""
-    return {"TPU_SKIP_MDS_QUERY": "1", "TPU_ACCELERATOR_TYPE": accelerator, "TPU_HOST_BOUNDS": host_bounds,
-            "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1", "TPU_WORKER_ID": str(worker_id), "TPU_WORKER_HOSTNAMES": hostnames}
+    return {
+        "TPU_SKIP_MDS_QUERY": "1",
+        "TPU_ACCELERATOR_TYPE": accelerator,
+        "TPU_HOST_BOUNDS": host_bounds,
+        "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
+        "TPU_WORKER_ID": str(worker_id),
+        "TPU_WORKER_HOSTNAMES": hostnames,
+    }
 
 
 def tpu_vm(accelerator: str, host_bounds: str, worker_id: int, ips: list[str]) -> dict[str, str]:
     """A TPU VM's metadata server attributes (``tpu-env`` and the workers' endpoints)."""
-    tpu_env = {"ACCELERATOR_TYPE": accelerator, "TPU_PROCESS_BOUNDS": host_bounds,
-               "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1", "WORKER_ID": str(worker_id)}
+    tpu_env = {
+        "ACCELERATOR_TYPE": accelerator,
+        "TPU_PROCESS_BOUNDS": host_bounds,
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1",
+        "WORKER_ID": str(worker_id),
+    }
     endpoints = ",".join(f"t1v-n-{index}-w-{index}:uid{index}:{ip}" for index, ip in enumerate(ips))
     return {"tpu-env": yaml.safe_dump(tpu_env), "worker-network-endpoints": endpoints}
 
@@ -122,8 +141,10 @@ class Scenario:
 
     def joins_with_xla_init(self, release: Release) -> bool:
         """Whether :func:`xlarun.init_process_group` (the ``xla`` backend) reaches ``xla://`` here."""
-        return not self.split_world and xla_init_break(release, self.device, spmd=self.spmd,
-                                                       local_processes=self.local_processes) is None
+        return (
+            not self.split_world
+            and xla_init_break(release, self.device, spmd=self.spmd, local_processes=self.local_processes) is None
+        )
 
     def shows_break(self, release: Release) -> bool:
         """Whether a break of ``xla://`` shows in this worker: an error, the rank of an SPMD process,
@@ -134,34 +155,58 @@ class Scenario:
         """What a correctly configured runtime answers in this worker: under SPMD one process per
         node driving the host's devices, otherwise one device per process."""
         if self.spmd:
-            return {"index": int(planned["GROUP_RANK"]), "processes": int(planned["GROUP_WORLD_SIZE"]),
-                    "devices": SPMD_DEVICES}
+            return {
+                "index": int(planned["GROUP_RANK"]),
+                "processes": int(planned["GROUP_WORLD_SIZE"]),
+                "devices": SPMD_DEVICES,
+            }
         return {"index": int(planned["RANK"]), "processes": int(planned["WORLD_SIZE"]), "devices": 1}
 
 
 def static(nnodes: int, node_rank: int, nproc: int) -> tuple[str, ...]:
-    return ("--nnodes", str(nnodes), "--node-rank", str(node_rank), "--nproc-per-node", str(nproc),
-            "--master-addr", MASTER)
+    return (
+        "--nnodes",
+        str(nnodes),
+        "--node-rank",
+        str(node_rank),
+        "--nproc-per-node",
+        str(nproc),
+        "--master-addr",
+        MASTER,
+    )
 
 
 def neuron_worker(rank: int, world: int, local_rank: int, local_world: int) -> Callable[[Release], dict]:
-    return lambda release: {"NEURON_RT_ROOT_COMM_ID": COORDINATOR, "NEURON_PJRT_PROCESS_INDEX": str(rank),
-                            "NEURON_PJRT_WORLD_SIZE": str(world), "NEURON_RT_VISIBLE_CORES": str(local_rank),
-                            "PJRT_LOCAL_PROCESS_RANK": str(local_rank), "PJRT_LOCAL_PROCESS_COUNT": str(local_world),
-                            "NEURON_PJRT_PROCESSES_NUM_DEVICES": ABSENT}
+    return lambda release: {
+        "NEURON_RT_ROOT_COMM_ID": COORDINATOR,
+        "NEURON_PJRT_PROCESS_INDEX": str(rank),
+        "NEURON_PJRT_WORLD_SIZE": str(world),
+        "NEURON_RT_VISIBLE_CORES": str(local_rank),
+        "PJRT_LOCAL_PROCESS_RANK": str(local_rank),
+        "PJRT_LOCAL_PROCESS_COUNT": str(local_world),
+        "NEURON_PJRT_PROCESSES_NUM_DEVICES": ABSENT,
+    }
 
 
 def neuron_spmd(node_rank: int | None, num_devices: str | None) -> Callable[[Release], dict]:
-    return lambda release: {"NEURON_RT_ROOT_COMM_ID": COORDINATOR, "NEURON_RT_VISIBLE_CORES": ABSENT,
-                            "NEURON_PJRT_WORLD_SIZE": ABSENT,
-                            "NEURON_PJRT_PROCESS_INDEX": None if node_rank is None else str(node_rank),
-                            "NEURON_PJRT_PROCESSES_NUM_DEVICES": num_devices}
+    return lambda release: {
+        "NEURON_RT_ROOT_COMM_ID": COORDINATOR,
+        "NEURON_RT_VISIBLE_CORES": ABSENT,
+        "NEURON_PJRT_WORLD_SIZE": ABSENT,
+        "NEURON_PJRT_PROCESS_INDEX": None if node_rank is None else str(node_rank),
+        "NEURON_PJRT_PROCESSES_NUM_DEVICES": num_devices,
+    }
 
 
 def tpu_chip(chip: int, bounds: str, task: int) -> Callable[[Release], dict]:
-    return lambda release: {"TPU_VISIBLE_CHIPS": str(chip), "TPU_PROCESS_PORT": str(8476 + chip),
-                            "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": bounds,
-                            "CLOUD_TPU_TASK_ID": str(task), "PJRT_LOCAL_PROCESS_RANK": str(chip)}
+    return lambda release: {
+        "TPU_VISIBLE_CHIPS": str(chip),
+        "TPU_PROCESS_PORT": str(8476 + chip),
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_BOUNDS": bounds,
+        "CLOUD_TPU_TASK_ID": str(task),
+        "PJRT_LOCAL_PROCESS_RANK": str(chip),
+    }
 
 
 def tpu_one_chip_world(release: Release) -> dict[str, str | None]:
@@ -170,57 +215,141 @@ def tpu_one_chip_world(release: Release) -> dict[str, str | None]:
 
 
 def tpu_whole_host(host_bounds: str) -> Callable[[Release], dict]:
-    return lambda release: {"TPU_VISIBLE_CHIPS": "0,1,2,3", "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1",
-                            "TPU_PROCESS_BOUNDS": host_bounds, "XLARUN_SPMD": "1"}
+    return lambda release: {
+        "TPU_VISIBLE_CHIPS": "0,1,2,3",
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": "2,2,1",
+        "TPU_PROCESS_BOUNDS": host_bounds,
+        "XLARUN_SPMD": "1",
+    }
 
 
 SCENARIOS: dict[str, Scenario] = {
-    "tpu-v4-8-vm": Scenario("tpu", ("--nproc-per-node", "4"), "tpu-v4-vm", 1, tpu_chip(1, "2,2,1", 1),
-                            metadata=tpu_vm("v4-8", "1,1,1", 0, ["10.130.0.10"]), processes_per_host=4),
-    "tpu-v4-8-gke": Scenario("tpu", ("--nproc-per-node", "4"), "tpu-v4-vm", 3, tpu_chip(3, "2,2,1", 3),
-                             environ=gke("v4-8", "1,1,1", 0, "tpu-0"), processes_per_host=4),
-    "tpu-v4-16-vm": Scenario("tpu", static(2, 1, 4), "tpu-v4-vm", 2, tpu_chip(2, "2,2,2", 6),
-                             metadata=tpu_vm("v4-16", "1,1,2", 1, V4_16_HOSTS), processes_per_host=4),
-    "tpu-v4-16-gke": Scenario("tpu", static(2, 1, 4), "tpu-v4-vm", 2, tpu_chip(2, "2,2,2", 6),
-                              environ=gke("v4-16", "1,1,2", 1, "tpu-0,tpu-1"), processes_per_host=4),
-    "tpu-v4-16-vm-one-process": Scenario("tpu", static(2, 1, 1), "tpu-v4-vm", 0, tpu_one_chip_world,
-                                         metadata=tpu_vm("v4-16", "1,1,2", 1, V4_16_HOSTS)),
-    "tpu-v4-16-gke-one-process": Scenario("tpu", static(2, 1, 1), "tpu-v4-vm", 0, tpu_one_chip_world,
-                                          environ=gke("v4-16", "1,1,2", 1, "tpu-0,tpu-1")),
-    "tpu-v4-8-vm-spmd": Scenario("tpu", ("--spmd",), "tpu-v4-vm", 0, tpu_whole_host("1,1,1"),
-                                 metadata=tpu_vm("v4-8", "1,1,1", 0, ["10.130.0.10"])),
-    "tpu-v4-16-gke-spmd": Scenario("tpu", ("--spmd", *static(2, 1, 1)), "tpu-v4-vm", 0, tpu_whole_host("1,1,2"),
-                                   environ=gke("v4-16", "1,1,2", 1, "tpu-0,tpu-1")),
+    "tpu-v4-8-vm": Scenario(
+        "tpu",
+        ("--nproc-per-node", "4"),
+        "tpu-v4-vm",
+        1,
+        tpu_chip(1, "2,2,1", 1),
+        metadata=tpu_vm("v4-8", "1,1,1", 0, ["10.130.0.10"]),
+        processes_per_host=4,
+    ),
+    "tpu-v4-8-gke": Scenario(
+        "tpu",
+        ("--nproc-per-node", "4"),
+        "tpu-v4-vm",
+        3,
+        tpu_chip(3, "2,2,1", 3),
+        environ=gke("v4-8", "1,1,1", 0, "tpu-0"),
+        processes_per_host=4,
+    ),
+    "tpu-v4-16-vm": Scenario(
+        "tpu",
+        static(2, 1, 4),
+        "tpu-v4-vm",
+        2,
+        tpu_chip(2, "2,2,2", 6),
+        metadata=tpu_vm("v4-16", "1,1,2", 1, V4_16_HOSTS),
+        processes_per_host=4,
+    ),
+    "tpu-v4-16-gke": Scenario(
+        "tpu",
+        static(2, 1, 4),
+        "tpu-v4-vm",
+        2,
+        tpu_chip(2, "2,2,2", 6),
+        environ=gke("v4-16", "1,1,2", 1, "tpu-0,tpu-1"),
+        processes_per_host=4,
+    ),
+    "tpu-v4-16-vm-one-process": Scenario(
+        "tpu", static(2, 1, 1), "tpu-v4-vm", 0, tpu_one_chip_world, metadata=tpu_vm("v4-16", "1,1,2", 1, V4_16_HOSTS)
+    ),
+    "tpu-v4-16-gke-one-process": Scenario(
+        "tpu", static(2, 1, 1), "tpu-v4-vm", 0, tpu_one_chip_world, environ=gke("v4-16", "1,1,2", 1, "tpu-0,tpu-1")
+    ),
+    "tpu-v4-8-vm-spmd": Scenario(
+        "tpu",
+        ("--spmd",),
+        "tpu-v4-vm",
+        0,
+        tpu_whole_host("1,1,1"),
+        metadata=tpu_vm("v4-8", "1,1,1", 0, ["10.130.0.10"]),
+    ),
+    "tpu-v4-16-gke-spmd": Scenario(
+        "tpu",
+        ("--spmd", *static(2, 1, 1)),
+        "tpu-v4-vm",
+        0,
+        tpu_whole_host("1,1,2"),
+        environ=gke("v4-16", "1,1,2", 1, "tpu-0,tpu-1"),
+    ),
     "neuron-one-node": Scenario("neuron", ("--nproc-per-node", "2"), "trn1-32xlarge", 1, neuron_worker(1, 2, 1, 2)),
-    "neuron-one-node-one-process": Scenario("neuron", ("--nproc-per-node", "1"), "trn1-32xlarge", 0,
-                                            neuron_worker(0, 1, 0, 1)),
+    "neuron-one-node-one-process": Scenario(
+        "neuron", ("--nproc-per-node", "1"), "trn1-32xlarge", 0, neuron_worker(0, 1, 0, 1)
+    ),
     "neuron-two-nodes": Scenario("neuron", static(2, 1, 2), "trn1-32xlarge", 1, neuron_worker(3, 4, 1, 2)),
-    "neuron-two-nodes-one-process": Scenario("neuron", static(2, 1, 1), "trn1-32xlarge", 0,
-                                             neuron_worker(1, 2, 0, 1)),
+    "neuron-two-nodes-one-process": Scenario("neuron", static(2, 1, 1), "trn1-32xlarge", 0, neuron_worker(1, 2, 0, 1)),
     "neuron-one-node-spmd": Scenario("neuron", ("--spmd",), "trn1-32xlarge", 0, neuron_spmd(None, ABSENT)),
-    "neuron-two-nodes-spmd": Scenario("neuron", ("--spmd", *static(2, 1, 1)), "trn1-32xlarge", 0,
-                                      neuron_spmd(1, "32,32")),
-    "cuda-one-node": Scenario("cuda", ("--nproc-per-node", "2"), "nvidia-8gpu", 1,
-                              lambda release: {"PJRT_DEVICE": "CUDA", "PJRT_LOCAL_PROCESS_RANK": "1",
-                                               "PJRT_LOCAL_PROCESS_COUNT": "2", "XLA_COORDINATOR_PORT": "61756"},
-                              releases=((2, 2), (2, 8))),
-    "cuda-two-nodes": Scenario("cuda", static(2, 1, 4), "nvidia-8gpu", 3,
-                               lambda release: {"PJRT_DEVICE": "CUDA", "PJRT_LOCAL_PROCESS_RANK": "3",
-                                                "PJRT_LOCAL_PROCESS_COUNT": "4", "RANK": "7",
-                                                "XLA_COORDINATOR_PORT": "61756"},
-                               releases=((2, 2), (2, 8))),
-    "cpu-two-processes": Scenario("cpu", ("--device", "cpu", "--nproc-per-node", "2"), "gce-cpu-vm", 1,
-                                  lambda release: {"PJRT_DEVICE": "CPU", "PJRT_LOCAL_PROCESS_RANK": ABSENT,
-                                                   "PJRT_LOCAL_PROCESS_COUNT": ABSENT},
-                                  split_world=True),
-    "cpu-spmd": Scenario("cpu", ("--device", "cpu", "--spmd", "--virtual-devices", "4"), "gce-cpu-vm", 0,
-                         lambda release: {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4", "XLARUN_SPMD": "1"}),
-    "xpu-two-processes": Scenario("xpu", ("--device", "xpu", "--nproc-per-node", "2"), "gce-cpu-vm", 1,
-                                  lambda release: {"PJRT_DEVICE": "XPU", "PJRT_LOCAL_PROCESS_RANK": "1"},
-                                  releases=((2, 4), (2, 9))),
-    "xpu-one-process": Scenario("xpu", ("--device", "xpu"), "gce-cpu-vm", 0,
-                                lambda release: {"PJRT_DEVICE": "XPU", "PJRT_LOCAL_PROCESS_RANK": "0"},
-                                releases=((2, 4), (2, 9))),
+    "neuron-two-nodes-spmd": Scenario(
+        "neuron", ("--spmd", *static(2, 1, 1)), "trn1-32xlarge", 0, neuron_spmd(1, "32,32")
+    ),
+    "cuda-one-node": Scenario(
+        "cuda",
+        ("--nproc-per-node", "2"),
+        "nvidia-8gpu",
+        1,
+        lambda release: {
+            "PJRT_DEVICE": "CUDA",
+            "PJRT_LOCAL_PROCESS_RANK": "1",
+            "PJRT_LOCAL_PROCESS_COUNT": "2",
+            "XLA_COORDINATOR_PORT": "61756",
+        },
+        releases=((2, 2), (2, 8)),
+    ),
+    "cuda-two-nodes": Scenario(
+        "cuda",
+        static(2, 1, 4),
+        "nvidia-8gpu",
+        3,
+        lambda release: {
+            "PJRT_DEVICE": "CUDA",
+            "PJRT_LOCAL_PROCESS_RANK": "3",
+            "PJRT_LOCAL_PROCESS_COUNT": "4",
+            "RANK": "7",
+            "XLA_COORDINATOR_PORT": "61756",
+        },
+        releases=((2, 2), (2, 8)),
+    ),
+    "cpu-two-processes": Scenario(
+        "cpu",
+        ("--device", "cpu", "--nproc-per-node", "2"),
+        "gce-cpu-vm",
+        1,
+        lambda release: {"PJRT_DEVICE": "CPU", "PJRT_LOCAL_PROCESS_RANK": ABSENT, "PJRT_LOCAL_PROCESS_COUNT": ABSENT},
+        split_world=True,
+    ),
+    "cpu-spmd": Scenario(
+        "cpu",
+        ("--device", "cpu", "--spmd", "--virtual-devices", "4"),
+        "gce-cpu-vm",
+        0,
+        lambda release: {"PJRT_DEVICE": "CPU", "CPU_NUM_DEVICES": "4", "XLARUN_SPMD": "1"},
+    ),
+    "xpu-two-processes": Scenario(
+        "xpu",
+        ("--device", "xpu", "--nproc-per-node", "2"),
+        "gce-cpu-vm",
+        1,
+        lambda release: {"PJRT_DEVICE": "XPU", "PJRT_LOCAL_PROCESS_RANK": "1"},
+        releases=((2, 4), (2, 9)),
+    ),
+    "xpu-one-process": Scenario(
+        "xpu",
+        ("--device", "xpu"),
+        "gce-cpu-vm",
+        0,
+        lambda release: {"PJRT_DEVICE": "XPU", "PJRT_LOCAL_PROCESS_RANK": "0"},
+        releases=((2, 4), (2, 9)),
+    ),
 }
 
 CASES = [(release, name) for release in SUPPORTED for name, scenario in SCENARIOS.items() if scenario.applies(release)]
@@ -239,8 +368,13 @@ def sources(release: Release) -> Path:
 
 def dry_run(release: Release, scenario: Scenario, dist_info: Path) -> dict[str, str]:
     """The environment xlarun plans for the scenario's worker with ``release`` installed."""
-    env = clean_env({**scenario.environ, "XLARUN_HOST_ROOT": str(HOSTS / scenario.host),
-                     "PYTHONPATH": os.pathsep.join([str(dist_info), str(REPO)])})
+    env = clean_env(
+        {
+            **scenario.environ,
+            "XLARUN_HOST_ROOT": str(HOSTS / scenario.host),
+            "PYTHONPATH": os.pathsep.join([str(dist_info), str(REPO)]),
+        }
+    )
     master = () if "--master-addr" in scenario.flags else ("--master-addr", MASTER)
     command = [sys.executable, "-m", "xlarun", "--dry-run", *master, *scenario.flags, "train.py"]
     completed = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
@@ -264,13 +398,19 @@ def run_release(release: Release, work: Path) -> dict[str, Any]:
     (dist_info / f"torch_xla-{VERSIONS[release]}.dist-info").mkdir(parents=True, exist_ok=True)
     names = [name for name, scenario in SCENARIOS.items() if scenario.applies(release)]
     with ThreadPoolExecutor(max_workers=4) as pool:
-        plans = dict(zip(names, pool.map(lambda name: dry_run(release, SCENARIOS[name], dist_info), names), strict=True))
+        plans = dict(
+            zip(names, pool.map(lambda name: dry_run(release, SCENARIOS[name], dist_info), names), strict=True)
+        )
     runs: dict[str, Any] = {}
     for name in names:
         scenario, planned = SCENARIOS[name], plans[name]
-        base = {"libneuronxla": scenario.device == "neuron", "libtpu": scenario.device == "tpu",
-                "cuda_build": scenario.device == "cuda", "metadata": scenario.metadata,
-                "runtime": scenario.runtime(planned)}
+        base = {
+            "libneuronxla": scenario.device == "neuron",
+            "libtpu": scenario.device == "tpu",
+            "cuda_build": scenario.device == "cuda",
+            "metadata": scenario.metadata,
+            "runtime": scenario.runtime(planned),
+        }
         worker_env = {**scenario.environ, **planned}
         # What xlarun.init_process_group does first in a process launched for SPMD.
         switch = ["use_spmd"] if scenario.spmd and "XLA_USE_SPMD" not in planned else []
@@ -279,17 +419,32 @@ def run_release(release: Release, work: Path) -> dict[str, Any]:
         if scenario.shows_break(release):
             runs[f"{name}/xla_init"] = {**base, "env": worker_env, "steps": ["import", *switch, "xla_init"]}
         if scenario.processes_per_host:
-            alone = {key: value for key, value in worker_env.items()
-                     if not key.startswith(("TPU_VISIBLE", "TPU_PROCESS", "TPU_CHIPS_PER_PROCESS"))
-                     or key in scenario.environ}
+            alone = {
+                key: value
+                for key, value in worker_env.items()
+                if not key.startswith(("TPU_VISIBLE", "TPU_PROCESS", "TPU_CHIPS_PER_PROCESS"))
+                or key in scenario.environ
+            }
             runs[f"{name}/alone"] = {**base, "env": alone, "steps": ["import", "xla_init"]}
     runs["tpu7x"] = {"env": {"PJRT_DEVICE": "TPU", **gke("tpu7x-8", "1,1,1", 0, "tpu-0")}, "steps": ["tpu_version"]}
     (work / "scenarios.json").write_text(json.dumps(runs))
-    completed = subprocess.run([sys.executable, str(TESTS / "xla_release_probe.py"), str(root),
-                                str(work / "scenarios.json"), str(work / "results.json")],
-                               env={"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(work),
-                                    "PYTHONDONTWRITEBYTECODE": "1"},  # the sources cache stays as fetched
-                               capture_output=True, text=True, timeout=240)
+    completed = subprocess.run(
+        [
+            sys.executable,
+            str(TESTS / "xla_release_probe.py"),
+            str(root),
+            str(work / "scenarios.json"),
+            str(work / "results.json"),
+        ],
+        env={
+            "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+            "HOME": str(work),
+            "PYTHONDONTWRITEBYTECODE": "1",
+        },  # the sources cache stays as fetched
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert completed.returncode == 0, completed.stderr[-3000:]
     return {"plans": plans, "runs": runs, "results": json.loads((work / "results.json").read_text())}
 
@@ -312,8 +467,10 @@ def test_release_set_up_keeps_xlaruns_plan_and_configures_the_device(case: tuple
         # Deprecated since 2.1; only Neuron's import-time set-up (2.5+) reads it before the program runs.
         assert ("XLA_USE_SPMD" in planned) == (scenario.device == "neuron" and release >= NEURON_IMPORT_CONFIGURES)
     if "rendezvous" in result:
-        assert (result["rendezvous"]["rank"], result["rendezvous"]["world_size"]) == \
-            (int(planned["RANK"]), int(planned["WORLD_SIZE"])), "xla:// numbers the workers unlike the launcher"
+        assert (result["rendezvous"]["rank"], result["rendezvous"]["world_size"]) == (
+            int(planned["RANK"]),
+            int(planned["WORLD_SIZE"]),
+        ), "xla:// numbers the workers unlike the launcher"
     if scenario.processes_per_host:
         hosts = int(after["WORLD_SIZE"]) // int(after["LOCAL_WORLD_SIZE"])
         assert len(after["TPU_PROCESS_ADDRESSES"].split(",")) == scenario.processes_per_host * hosts
@@ -323,8 +480,11 @@ def test_release_set_up_keeps_xlaruns_plan_and_configures_the_device(case: tuple
         assert len(after["TPU_PROCESS_ADDRESSES"].split(",")) == hosts
 
 
-@pytest.mark.parametrize("case", [case for case in CASES if SCENARIOS[case[1]].processes_per_host],
-                         ids=[case_id(case) for case in CASES if SCENARIOS[case[1]].processes_per_host])
+@pytest.mark.parametrize(
+    "case",
+    [case for case in CASES if SCENARIOS[case[1]].processes_per_host],
+    ids=[case_id(case) for case in CASES if SCENARIOS[case[1]].processes_per_host],
+)
 def test_tpu_values_xlarun_presets_are_the_releases_own(case: tuple[Release, str], probe: Probe) -> None:
     release, name = case
     outcome = probe(release)
@@ -334,8 +494,7 @@ def test_tpu_values_xlarun_presets_are_the_releases_own(case: tuple[Release, str
     assert {key: alone["env"].get(key) for key in tpu_planned} == tpu_planned
 
 
-@pytest.mark.parametrize("case", [case for case in CASES if SCENARIOS[case[1]].shows_break(case[0])],
-                         ids=case_id)
+@pytest.mark.parametrize("case", [case for case in CASES if SCENARIOS[case[1]].shows_break(case[0])], ids=case_id)
 def test_where_xlarun_avoids_xla_init_the_release_really_breaks_it(case: tuple[Release, str], probe: Probe) -> None:
     release, name = case
     outcome = probe(release)
@@ -353,8 +512,13 @@ def test_tpu7x_is_refused_exactly_where_the_release_cannot_read_it(release: Rele
     readable = "error" not in result
     refused = False
     try:
-        preflight("tpu", "pjrt", tpu_generation=7, tpu_library_path="/opt/libtpu.so",
-                  version_of={"torch": VERSIONS[release], "torch_xla": VERSIONS[release]}.get)
+        preflight(
+            "tpu",
+            "pjrt",
+            tpu_generation=7,
+            tpu_library_path="/opt/libtpu.so",
+            version_of={"torch": VERSIONS[release], "torch_xla": VERSIONS[release]}.get,
+        )
     except UsageError:
         refused = True
     assert readable != refused
@@ -364,5 +528,11 @@ def test_tpu7x_is_refused_exactly_where_the_release_cannot_read_it(release: Rele
 @pytest.mark.parametrize("release", SUPPORTED, ids=lambda release: f"{release[0]}.{release[1]}")
 def test_every_runtime_call_the_worker_makes_exists(release: Release, probe: Probe) -> None:
     result = next(iter(probe(release)["results"].values()))
-    assert result["runtime_names"] == ["global_ordinal", "is_spmd", "process_count", "process_index", "use_spmd",
-                                       "world_size"]
+    assert result["runtime_names"] == [
+        "global_ordinal",
+        "is_spmd",
+        "process_count",
+        "process_index",
+        "use_spmd",
+        "world_size",
+    ]

@@ -20,7 +20,7 @@ def report_block(stderr: str, script: str) -> list[str]:
     lines = stderr.splitlines()
     title = lines.index(f"{script} FAILED")
     end = next(index for index in range(title + 1, len(lines)) if re.fullmatch(r"=+", lines[index]))
-    return lines[title - 1:end + 1]
+    return lines[title - 1 : end + 1]
 
 
 def field(block: list[str], name: str) -> str:
@@ -44,8 +44,10 @@ def layout(block: list[str]) -> list[str]:
     return shapes
 
 
-@pytest.mark.skipif(followed_torchrun() != (2, 9), reason="xlarun keeps torchrun 2.9's report layout; later torchruns "
-                    "list the stopped peers as failures too")
+@pytest.mark.skipif(
+    followed_torchrun() != (2, 9),
+    reason="xlarun keeps torchrun 2.9's report layout; later torchruns list the stopped peers as failures too",
+)
 def test_report_has_torchruns_block_layout(out_dir: Path, port: int) -> None:
     script = worker("signal_recorder.py")
     blocks = {}
@@ -57,8 +59,14 @@ def test_report_has_torchruns_block_layout(out_dir: Path, port: int) -> None:
         blocks[name] = report_block(result.stderr, script)
     assert layout(blocks["xlarun"]) == layout(blocks["torchrun"])
     assert blocks["xlarun"][1:8] == [
-        f"{script} FAILED", blocks["xlarun"][2], "Failures:", "  <NO_OTHER_FAILURES>", blocks["xlarun"][2],
-        "Root Cause (first observed failure):", "[0]:"]
+        f"{script} FAILED",
+        blocks["xlarun"][2],
+        "Failures:",
+        "  <NO_OTHER_FAILURES>",
+        blocks["xlarun"][2],
+        "Root Cause (first observed failure):",
+        "[0]:",
+    ]
     assert field(blocks["xlarun"], "rank") == "1 (local_rank: 1)"
     assert field(blocks["xlarun"], "exitcode").startswith("3 (pid: ")
     assert field(blocks["xlarun"], "error_file") == "<N/A>"
@@ -76,7 +84,7 @@ def test_traceback_comes_from_the_error_file_of_a_recorded_main(tmp_path: Path, 
     assert os.path.isfile(error_file)
     text = "\n".join(block)
     assert field(block, "traceback") == "Traceback (most recent call last):"
-    assert "    raise RuntimeError(\"boom from the worker\")" in text
+    assert '    raise RuntimeError("boom from the worker")' in text
     assert "\n  RuntimeError: boom from the worker\n" in text
     # From the error file, not from what the worker printed before.
     assert "progress line" not in text
@@ -86,8 +94,9 @@ def test_traceback_comes_from_the_error_file_of_a_recorded_main(tmp_path: Path, 
 @pytest.mark.parametrize("redirect", [[], ["--redirects", "2"]], ids=["console", "redirected"])
 def test_traceback_comes_from_stderr_without_record(tmp_path: Path, port: int, redirect: list[str]) -> None:
     script = worker("raises.py")
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--log-dir", tmp_path, *redirect,
-                        script, "none")
+    result = run_xlarun(
+        "--nproc_per_node", "2", "--master_port", port, "--log-dir", tmp_path, *redirect, script, "none"
+    )
     assert result.returncode == 1
     block = report_block(result.stderr, script)
     assert field(block, "error_file") == "<N/A>"
@@ -99,8 +108,9 @@ def test_traceback_comes_from_stderr_without_record(tmp_path: Path, port: int, r
 
 
 @pytest.mark.parametrize("redirect", [[], ["--redirects", "2"]], ids=["console", "redirected"])
-def test_traceback_without_record_is_the_last_python_traceback_whole(tmp_path: Path, port: int,
-                                                                      redirect: list[str]) -> None:
+def test_traceback_without_record_is_the_last_python_traceback_whole(
+    tmp_path: Path, port: int, redirect: list[str]
+) -> None:
     script = worker("warns_then_raises.py")
     result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--log-dir", tmp_path, *redirect, script)
     assert result.returncode == 1
@@ -111,7 +121,7 @@ def test_traceback_without_record_is_the_last_python_traceback_whole(tmp_path: P
     text = "\n".join(block)
     assert "warnings.warn" not in text and "a warning before the failure" not in text
     # ...to the last exception, every frame of both tracebacks and the line that chains them kept.
-    quoted = text[text.index("  traceback : "):]
+    quoted = text[text.index("  traceback : ") :]
     assert quoted.count("Traceback (most recent call last):") == 2
     assert "\n  KeyError: 'missing key'\n" in quoted
     assert "\n  During handling of the above exception, another exception occurred:\n" in quoted
@@ -134,14 +144,30 @@ def test_signal_death_names_the_signal(port: int) -> None:
 def test_summary_file_of_a_successful_run(tmp_path: Path, out_dir: Path, port: int) -> None:
     (out_dir / "finish").write_text("")
     summary_file = tmp_path / "reports" / "summary.json"
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--rdzv-id", "ci-42",
-                        "--summary-file", summary_file, worker("signal_recorder.py"), out_dir)
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        "--rdzv-id",
+        "ci-42",
+        "--summary-file",
+        summary_file,
+        worker("signal_recorder.py"),
+        out_dir,
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(summary_file.read_text())
-    assert {key: summary[key] for key in ("run_id", "exit_code", "result", "restarts", "launcher_signal",
-                                          "root_cause")} == {
-        "run_id": "ci-42", "exit_code": 0, "result": "succeeded", "restarts": 0, "launcher_signal": None,
-        "root_cause": None}
+    assert {
+        key: summary[key] for key in ("run_id", "exit_code", "result", "restarts", "launcher_signal", "root_cause")
+    } == {
+        "run_id": "ci-42",
+        "exit_code": 0,
+        "result": "succeeded",
+        "restarts": 0,
+        "launcher_signal": None,
+        "root_cause": None,
+    }
     [attempt] = summary["attempts"]
     assert attempt["attempt"] == 0
     for rank, record in enumerate(attempt["workers"]):
@@ -152,14 +178,31 @@ def test_summary_file_of_a_successful_run(tmp_path: Path, out_dir: Path, port: i
 
 def test_summary_file_of_a_failed_run(tmp_path: Path, out_dir: Path, port: int) -> None:
     summary_file = tmp_path / "summary.json"
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--summary-file", summary_file,
-                        worker("signal_recorder.py"), out_dir, "--fail-rank", "0", "--code", "7")
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        "--summary-file",
+        summary_file,
+        worker("signal_recorder.py"),
+        out_dir,
+        "--fail-rank",
+        "0",
+        "--code",
+        "7",
+    )
     assert result.returncode == 7
     summary = json.loads(summary_file.read_text())
     assert (summary["exit_code"], summary["result"]) == (7, "failed")
     root = summary["root_cause"]
     assert (root["rank"], root["local_rank"], root["returncode"], root["exit_status"], root["error_file"]) == (
-        0, 0, 7, 7, "<N/A>")
+        0,
+        0,
+        7,
+        7,
+        "<N/A>",
+    )
     assert root["pid"] == read_pid(out_dir / "0.ready")
     workers = summary["attempts"][0]["workers"]
     assert [(w["exitcode"], w["signal"]) for w in workers] == [(7, None), (None, "SIGTERM")]
@@ -167,8 +210,18 @@ def test_summary_file_of_a_failed_run(tmp_path: Path, out_dir: Path, port: int) 
 
 def test_summary_file_that_cannot_be_written_keeps_the_runs_exit_code(out_dir: Path, port: int) -> None:
     """The path looked fine at the start (its parent could be created) but is not writable at the end."""
-    result = run_xlarun("--master_port", port, "--summary-file", "/proc/no-such-dir/summary.json",
-                        worker("signal_recorder.py"), out_dir, "--fail-rank", "0", "--code", "6")
+    result = run_xlarun(
+        "--master_port",
+        port,
+        "--summary-file",
+        "/proc/no-such-dir/summary.json",
+        worker("signal_recorder.py"),
+        out_dir,
+        "--fail-rank",
+        "0",
+        "--code",
+        "6",
+    )
     assert result.returncode == 6
     assert "xlarun: cannot write the summary file /proc/no-such-dir/summary.json" in result.stderr
     assert launcher_frames(result.stderr) == []

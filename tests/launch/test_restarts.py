@@ -15,8 +15,23 @@ def attempts_seen(out_dir: Path, rank: int) -> list[int]:
 def test_group_restarts_until_it_succeeds(tmp_path: Path, out_dir: Path, port: int) -> None:
     log_dir = tmp_path / "logs"
     summary_file = tmp_path / "summary.json"
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--max-restarts", "2", "--log-dir", log_dir,
-                        "-r", "1", "--summary-file", summary_file, worker("fail_attempts.py"), out_dir, "2")
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        "--max-restarts",
+        "2",
+        "--log-dir",
+        log_dir,
+        "-r",
+        "1",
+        "--summary-file",
+        summary_file,
+        worker("fail_attempts.py"),
+        out_dir,
+        "2",
+    )
     assert result.returncode == 0, result.stderr
     assert attempts_seen(out_dir, 0) == attempts_seen(out_dir, 1) == [0, 1, 2]
     [run_dir] = log_dir.iterdir()
@@ -35,8 +50,9 @@ def test_group_restarts_until_it_succeeds(tmp_path: Path, out_dir: Path, port: i
 
 
 def test_out_of_restarts_fails_with_the_last_attempts_root_cause(out_dir: Path, port: int) -> None:
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--max_restarts", "1",
-                        worker("fail_attempts.py"), out_dir, "5")
+    result = run_xlarun(
+        "--nproc_per_node", "2", "--master_port", port, "--max_restarts", "1", worker("fail_attempts.py"), out_dir, "5"
+    )
     assert result.returncode == 5
     assert attempts_seen(out_dir, 0) == attempts_seen(out_dir, 1) == [0, 1]
     assert len([line for line in result.stderr.splitlines() if "restarting the worker group" in line]) == 1

@@ -17,15 +17,18 @@ from helpers import finish, is_alive, read_pid, run_xlarun, start_signal_recorde
 from helpers import recorded_signals as recorded
 
 
-def start_recorders(out_dir: Path, port: int, launcher_flags: Sequence[str] = (),
-                    worker_flags: Sequence[str] = ()) -> subprocess.Popen:
+def start_recorders(
+    out_dir: Path, port: int, launcher_flags: Sequence[str] = (), worker_flags: Sequence[str] = ()
+) -> subprocess.Popen:
     return start_signal_recorders(out_dir, ["--master_port", port, *launcher_flags], worker_flags)
 
 
-@pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT],
-                         ids=lambda number: number.name)
-def test_stop_signal_is_forwarded_as_itself_then_teardown(tmp_path: Path, out_dir: Path, port: int,
-                                                         number: signal.Signals) -> None:
+@pytest.mark.parametrize(
+    "number", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT], ids=lambda number: number.name
+)
+def test_stop_signal_is_forwarded_as_itself_then_teardown(
+    tmp_path: Path, out_dir: Path, port: int, number: signal.Signals
+) -> None:
     summary_file = tmp_path / "summary.json"
     launcher = start_recorders(out_dir, port, ["--summary-file", str(summary_file)])
     launcher.send_signal(number)
@@ -54,9 +57,23 @@ def test_sigusr1_and_sigusr2_reach_every_worker_and_the_run_goes_on(out_dir: Pat
 
 def test_worker_ignoring_sigterm_is_killed_after_the_kill_timeout(tmp_path: Path, out_dir: Path, port: int) -> None:
     summary_file = tmp_path / "summary.json"
-    result = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--kill-timeout", "1",
-                        "--summary-file", summary_file, worker("signal_recorder.py"), out_dir,
-                        "--ignore-term", "--fail-rank", "1", "--code", "3")
+    result = run_xlarun(
+        "--nproc_per_node",
+        "2",
+        "--master_port",
+        port,
+        "--kill-timeout",
+        "1",
+        "--summary-file",
+        summary_file,
+        worker("signal_recorder.py"),
+        out_dir,
+        "--ignore-term",
+        "--fail-rank",
+        "1",
+        "--code",
+        "3",
+    )
     assert result.returncode == 3, result.stderr
     assert recorded(out_dir, 0) == ["SIGTERM"]
     workers = json.loads(summary_file.read_text())["attempts"][0]["workers"]
@@ -77,8 +94,20 @@ def test_second_stop_signal_skips_the_grace_period(tmp_path: Path, out_dir: Path
 def test_a_crash_stops_peers_with_sigterm(tmp_path: Path, out_dir: Path, port: int) -> None:
     """The peers of a failed worker are stopped by the launcher (SIGTERM), not left to finish."""
     summary_file = tmp_path / "summary.json"
-    result = run_xlarun("--nproc_per_node", "3", "--master_port", port, "--summary-file", summary_file,
-                        worker("signal_recorder.py"), out_dir, "--fail-rank", "2", "--code", "4")
+    result = run_xlarun(
+        "--nproc_per_node",
+        "3",
+        "--master_port",
+        port,
+        "--summary-file",
+        summary_file,
+        worker("signal_recorder.py"),
+        out_dir,
+        "--fail-rank",
+        "2",
+        "--code",
+        "4",
+    )
     assert result.returncode == 4
     assert recorded(out_dir, 0) == recorded(out_dir, 1) == ["SIGTERM"]
     assert recorded(out_dir, 2) == []
@@ -91,8 +120,7 @@ def test_a_signal_the_launcher_gets_itself_is_refused(tmp_path: Path, port: int,
     """Handled as a stop signal, SIGCHLD would end every run at its first worker's exit (exit 145),
     SIGCONT every run continued after Ctrl-Z: refused in one line, nothing started."""
     marker = tmp_path / "started"
-    result = run_xlarun("--signals-to-handle", f"SIGTERM,{name}", "--master_port", port,
-                        worker("marker.py"), marker)
+    result = run_xlarun("--signals-to-handle", f"SIGTERM,{name}", "--master_port", port, worker("marker.py"), marker)
     assert result.returncode == 2, result.stderr
     assert result.stderr.count("\n") == 1 and f"{name} cannot be handled" in result.stderr, result.stderr
     assert not marker.exists()

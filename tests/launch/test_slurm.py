@@ -62,15 +62,26 @@ def srun_two_nodes(slurm_env: Mapping[str, str], job_name: str, command: Sequenc
     """
     env = clean_env({"SLURM_CONF": slurm_env["SLURM_CONF"]})
     name = f"xlarun-test-{job_name}"
-    srun = ["srun", "--nodes=2", "--ntasks-per-node=1", "--label", "--kill-on-bad-exit=0",
-            f"--job-name={name}", f"--time={JOB_TIME_LIMIT_MIN}", *command]
+    srun = [
+        "srun",
+        "--nodes=2",
+        "--ntasks-per-node=1",
+        "--label",
+        "--kill-on-bad-exit=0",
+        f"--job-name={name}",
+        f"--time={JOB_TIME_LIMIT_MIN}",
+        *command,
+    ]
     try:
-        completed = subprocess.run(srun, env=env, cwd=REPO, capture_output=True, text=True,
-                                   stdin=subprocess.DEVNULL, timeout=STEP_TIMEOUT_S)
+        completed = subprocess.run(
+            srun, env=env, cwd=REPO, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=STEP_TIMEOUT_S
+        )
     except subprocess.TimeoutExpired as timeout:
         subprocess.run(["scancel", f"--name={name}"], env=env, timeout=30)
-        pytest.fail(f"srun still running after {STEP_TIMEOUT_S} s\nstdout:\n{as_text(timeout.stdout)}\n"
-                    f"stderr:\n{as_text(timeout.stderr)}")
+        pytest.fail(
+            f"srun still running after {STEP_TIMEOUT_S} s\nstdout:\n{as_text(timeout.stdout)}\n"
+            f"stderr:\n{as_text(timeout.stderr)}"
+        )
     return Run(completed.returncode, completed.stdout, completed.stderr)
 
 
@@ -108,13 +119,17 @@ def test_slurm_srun_places_one_task_on_each_node(slurm_env):
 
 
 def test_slurm_xlarun_all_reduces_across_both_nodes(slurm_env):
-    step = srun_two_nodes(slurm_env, "allreduce", [*xlarun_command(), "--cluster", "slurm",
-                                                   "--nproc_per_node", "2", "examples/allreduce.py"])
+    step = srun_two_nodes(
+        slurm_env,
+        "allreduce",
+        [*xlarun_command(), "--cluster", "slurm", "--nproc_per_node", "2", "examples/allreduce.py"],
+    )
 
     assert step.returncode == 0, f"stdout:\n{step.stdout}\nstderr:\n{step.stderr}"
     results = RANK_LINE.findall(step.stdout)
-    ranks_by_task = {task: sorted(int(rank) for rank_task, rank, _, _ in results if rank_task == task)
-                     for task in ("0", "1")}
+    ranks_by_task = {
+        task: sorted(int(rank) for rank_task, rank, _, _ in results if rank_task == task) for task in ("0", "1")
+    }
     assert ranks_by_task == {"0": [0, 1], "1": [2, 3]}, step.stdout
     assert {(world, total) for _, _, world, total in results} == {("4", "6")}, step.stdout
 
@@ -124,9 +139,22 @@ def test_slurm_worker_failure_on_one_node_ends_the_step_on_both(slurm_env, tmp_p
     failing_worker.write_text(FAILING_WORKER)
 
     try:
-        step = srun_two_nodes(slurm_env, "failure", ["bash", "-c", REPORT_EXIT_STATUS, "task", *xlarun_command(),
-                                                     "--cluster", "slurm", "--nproc_per_node", "2",
-                                                     str(failing_worker)])
+        step = srun_two_nodes(
+            slurm_env,
+            "failure",
+            [
+                "bash",
+                "-c",
+                REPORT_EXIT_STATUS,
+                "task",
+                *xlarun_command(),
+                "--cluster",
+                "slurm",
+                "--nproc_per_node",
+                "2",
+                str(failing_worker),
+            ],
+        )
         leftover_workers = processes_running(failing_worker)
     finally:
         kill_all(processes_running(failing_worker))

@@ -15,8 +15,7 @@ SPMD_CPU = {"CPU_NUM_DEVICES": "4", "XLARUN_SPMD": "1"}
 
 
 def test_fsdpv2_trains_with_parameters_sharded_over_four_devices():
-    [result] = run_workers(["examples/spmd_fsdp.py", "--steps", "4"], nproc=1,
-                           env_for_rank=lambda rank: SPMD_CPU)
+    [result] = run_workers(["examples/spmd_fsdp.py", "--steps", "4"], nproc=1, env_for_rank=lambda rank: SPMD_CPU)
     assert result.returncode == 0, result.stderr
     report = json_report(result)
 
@@ -30,5 +29,4 @@ def test_fsdpv2_trains_with_parameters_sharded_over_four_devices():
     for name, spec in shardings.items():
         tiles = re.fullmatch(r"\{devices=\[([\d,]+)\]0,1,2,3\}", spec)
         assert tiles, f"{name} is not tiled over devices 0-3: {spec}"
-        assert math.prod(int(count) for count in tiles.group(1).split(",")) == 4, \
-            f"{name} is partly replicated: {spec}"
+        assert math.prod(int(count) for count in tiles.group(1).split(",")) == 4, f"{name} is partly replicated: {spec}"

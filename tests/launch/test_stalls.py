@@ -21,9 +21,26 @@ def test_a_console_that_stops_reading_is_not_a_hang(port: int, tmp_path: Path) -
     stderr_path = tmp_path / "stderr"
     read_end, write_end = os.pipe()
     with open(stderr_path, "wb") as stderr:
-        launcher = subprocess.Popen([*XLARUN, "--nproc-per-node", "2", "--master-port", str(port), "--tee", "3",
-                                     "--hang-timeout", str(HANG_TIMEOUT), worker("floods.py"), "8", "3"],
-                                    env=clean_env(), stdin=subprocess.DEVNULL, stdout=write_end, stderr=stderr)
+        launcher = subprocess.Popen(
+            [
+                *XLARUN,
+                "--nproc-per-node",
+                "2",
+                "--master-port",
+                str(port),
+                "--tee",
+                "3",
+                "--hang-timeout",
+                str(HANG_TIMEOUT),
+                worker("floods.py"),
+                "8",
+                "3",
+            ],
+            env=clean_env(),
+            stdin=subprocess.DEVNULL,
+            stdout=write_end,
+            stderr=stderr,
+        )
     os.close(write_end)
     try:
         time.sleep(10)  # past the hang timeout and the check that the workers are idle, twice over
@@ -58,10 +75,26 @@ def test_a_stop_signal_is_handled_at_once_while_stacks_are_taken(port: int, tmp_
     fake = bin_dir / "py-spy"
     fake.write_text(FAKE_PY_SPY.format(python=sys.executable, marks=str(marks)))
     fake.chmod(0o755)
-    launcher = subprocess.Popen([*XLARUN, "--nproc-per-node", "2", "--master-port", str(port),
-                                 "--hang-timeout", str(HANG_TIMEOUT), "--no-python", "sleep", "600"],
-                                env=clean_env({"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}),
-                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    launcher = subprocess.Popen(
+        [
+            *XLARUN,
+            "--nproc-per-node",
+            "2",
+            "--master-port",
+            str(port),
+            "--hang-timeout",
+            str(HANG_TIMEOUT),
+            "--no-python",
+            "sleep",
+            "600",
+        ],
+        env=clean_env({"PATH": f"{bin_dir}{os.pathsep}{os.environ['PATH']}"}),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
     def spies() -> list[int]:
         return [int(pid) for mark in marks.iterdir() for pid in mark.name.split("-")]
 

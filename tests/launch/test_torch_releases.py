@@ -51,10 +51,17 @@ def test_the_dry_run_names_the_torchrun_it_follows() -> None:
 def test_two_lone_nodes_without_a_master_port_run_side_by_side(tmp_path: Path, default_port_held: None) -> None:
     for job in range(2):
         (tmp_path / str(job)).mkdir()
-    launchers = [subprocess.Popen([*XLARUN, "--nproc_per_node", "2", worker("dump_env.py")],
-                                  env=clean_env({"DUMP_DIR": str(tmp_path / str(job))}), stdin=subprocess.DEVNULL,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for job in range(2)]
+    launchers = [
+        subprocess.Popen(
+            [*XLARUN, "--nproc_per_node", "2", worker("dump_env.py")],
+            env=clean_env({"DUMP_DIR": str(tmp_path / str(job))}),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for job in range(2)
+    ]
     for launcher in launchers:
         _, stderr = launcher.communicate(timeout=120)
         assert launcher.returncode == 0, stderr
@@ -88,16 +95,33 @@ def click_only_python(tmp_path: Path) -> tuple[str, dict[str, str]]:
     return python, env
 
 
-def test_a_click_only_install_runs_one_node_and_refuses_several(tmp_path: Path,
-                                                               click_only_python: tuple[str, dict[str, str]]) -> None:
+def test_a_click_only_install_runs_one_node_and_refuses_several(
+    tmp_path: Path, click_only_python: tuple[str, dict[str, str]]
+) -> None:
     python, env = click_only_python
-    alone = run_command([python, "-m", "xlarun", "--standalone", "--nproc_per_node", "2", worker("marker.py"),
-                         str(tmp_path / "alone")], env=env)
+    alone = run_command(
+        [python, "-m", "xlarun", "--standalone", "--nproc_per_node", "2", worker("marker.py"), str(tmp_path / "alone")],
+        env=env,
+    )
     assert alone.returncode == 0, alone.stderr
     assert (tmp_path / "alone").exists()
-    several = run_command([python, "-m", "xlarun", "--nnodes", "2", "--master_port", str(free_port()), worker("marker.py"),
-                           str(tmp_path / "several")], env=env)
+    several = run_command(
+        [
+            python,
+            "-m",
+            "xlarun",
+            "--nnodes",
+            "2",
+            "--master_port",
+            str(free_port()),
+            worker("marker.py"),
+            str(tmp_path / "several"),
+        ],
+        env=env,
+    )
     assert several.returncode == 2
-    assert several.stderr.splitlines() == ["xlarun: error: several nodes meet through torch.distributed, which is "
-                                           "not installed in this Python: pip install 'xlarun[multinode]' (or torch)"]
+    assert several.stderr.splitlines() == [
+        "xlarun: error: several nodes meet through torch.distributed, which is "
+        "not installed in this Python: pip install 'xlarun[multinode]' (or torch)"
+    ]
     assert not (tmp_path / "several").exists()

@@ -40,8 +40,9 @@ THREE_VALUES = ("TORCH_TPU_SLICEBUILDER_ADDRESSES", "TORCH_TPU_TOPOLOGY", "TORCH
 LIBTPU_LINES = re.compile(r"pjrt_api\.cc|absl::InitializeLog|TorchTpu|libtpu", re.IGNORECASE)
 TORCH_XLA_PREFIXES = ("PJRT_", "XLA_", "XRT_", "NEURON_PJRT_")
 
-needs_torch_tpu = pytest.mark.skipif(importlib.util.find_spec("torch_tpu") is None,
-                                     reason="torch_tpu is not installed in this Python (the .venv stack)")
+needs_torch_tpu = pytest.mark.skipif(
+    importlib.util.find_spec("torch_tpu") is None, reason="torch_tpu is not installed in this Python (the .venv stack)"
+)
 
 
 def oracle_environment(**variables: str) -> dict[str, str]:
@@ -51,8 +52,13 @@ def oracle_environment(**variables: str) -> dict[str, str]:
 
 def torch_tpu_launch_env(**variables: str) -> dict[str, str]:
     """The ``KEY="value"`` lines ``python -m torch.tpu.distributed`` prints where only ``variables`` are set."""
-    result = subprocess.run([PYTHON, "-m", "torch.tpu.distributed"], env=oracle_environment(**variables),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [PYTHON, "-m", "torch.tpu.distributed"],
+        env=oracle_environment(**variables),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     return dict(re.findall(r'^(\w+)="?([^"\n]*)"?$', result.stdout, flags=re.MULTILINE))
 
@@ -97,10 +103,12 @@ def free_base_port(*hosts: str, count: int = 4) -> int:
 
 # --- one host ------------------------------------------------------------------------------------------
 
+
 @needs_torch_tpu
 def test_one_v4_host_starts_four_workers_with_torch_tpus_three_values(tmp_path: Path) -> None:
-    result = run_xlarun("--nproc-per-node", "auto", worker("tpu_address.py"),
-                        env={**V4_HOST, "DUMP_DIR": str(tmp_path)})
+    result = run_xlarun(
+        "--nproc-per-node", "auto", worker("tpu_address.py"), env={**V4_HOST, "DUMP_DIR": str(tmp_path)}
+    )
     assert result.returncode == 0, result.stderr
     found = records(tmp_path)
     assert len(found) == 4
@@ -115,8 +123,9 @@ def test_one_v4_host_starts_four_workers_with_torch_tpus_three_values(tmp_path: 
     assert {record["env"]["TORCH_TPU_DEVICES_PER_HOST"] for record in found} == {"4"}
 
     # torch_tpu's own single-host plan for the same host: the same shape and topology.
-    oracle = subprocess.run([PYTHON, "-c", SINGLE_HOST_ORACLE], env=oracle_environment(), capture_output=True,
-                            text=True, timeout=120)
+    oracle = subprocess.run(
+        [PYTHON, "-c", SINGLE_HOST_ORACLE], env=oracle_environment(), capture_output=True, text=True, timeout=120
+    )
     assert oracle.returncode == 0, oracle.stderr
     theirs = json.loads(oracle.stdout.splitlines()[-1])
     assert re.fullmatch(r"localhost:\d+(,localhost:\d+){3}", theirs["TORCH_TPU_SLICEBUILDER_ADDRESSES"])
@@ -127,12 +136,20 @@ def test_one_v4_host_starts_four_workers_with_torch_tpus_three_values(tmp_path: 
 
 @needs_torch_tpu
 def test_a_restart_picks_the_ports_again_and_keeps_the_jobs_session(tmp_path: Path) -> None:
-    result = run_xlarun("--max-restarts", "1", "--nproc-per-node", "2", worker("tpu_address.py"), "1",
-                        env={**V4_HOST, "DUMP_DIR": str(tmp_path)})
+    result = run_xlarun(
+        "--max-restarts",
+        "1",
+        "--nproc-per-node",
+        "2",
+        worker("tpu_address.py"),
+        "1",
+        env={**V4_HOST, "DUMP_DIR": str(tmp_path)},
+    )
     assert result.returncode == 0, result.stderr
     assert "attempt 0 failed" in result.stderr
-    attempts = [[json.loads(path.read_text()) for path in sorted(tmp_path.glob(f"*_{attempt}.json"))]
-                for attempt in (0, 1)]
+    attempts = [
+        [json.loads(path.read_text()) for path in sorted(tmp_path.glob(f"*_{attempt}.json"))] for attempt in (0, 1)
+    ]
     assert [len(found) for found in attempts] == [2, 2]
     first, second = (same_values(found) for found in attempts)
     assert first["TORCH_TPU_XPROF_SESSION_ID"] == second["TORCH_TPU_XPROF_SESSION_ID"]
@@ -144,16 +161,32 @@ def test_a_restart_picks_the_ports_again_and_keeps_the_jobs_session(tmp_path: Pa
 
 # --- several hosts -----------------------------------------------------------------------------------
 
+
 @needs_torch_tpu
 def test_two_tpu_vms_get_the_list_torch_tpu_builds_for_them_and_one_session(nodes: Nodes, port: int) -> None:
     ips = ["127.0.0.1", "127.0.0.2"]
     base = free_base_port(*ips)
     with serve_metadata(slice_attributes(0, ips)) as vm0, serve_metadata(slice_attributes(1, ips)) as vm1:
-        started = [nodes.start("--cluster", "tpu-vm", "--master-port", port, "--local-addr", ip,
-                               "--nproc-per-node", "auto", worker("tpu_address.py"),
-                               env={**V4_HOST, "GCE_METADATA_HOST": vm.host, "TORCH_TPU_BASE_PORT": str(base),
-                                    "DUMP_DIR": str(nodes.out_dir)})
-                   for ip, vm in zip(ips, (vm0, vm1), strict=True)]
+        started = [
+            nodes.start(
+                "--cluster",
+                "tpu-vm",
+                "--master-port",
+                port,
+                "--local-addr",
+                ip,
+                "--nproc-per-node",
+                "auto",
+                worker("tpu_address.py"),
+                env={
+                    **V4_HOST,
+                    "GCE_METADATA_HOST": vm.host,
+                    "TORCH_TPU_BASE_PORT": str(base),
+                    "DUMP_DIR": str(nodes.out_dir),
+                },
+            )
+            for ip, vm in zip(ips, (vm0, vm1), strict=True)
+        ]
         runs = nodes.finish_all(started)
     assert [run.returncode for run in runs] == [0, 0], both(runs)
     found = records(nodes.out_dir)
@@ -163,8 +196,9 @@ def test_two_tpu_vms_get_the_list_torch_tpu_builds_for_them_and_one_session(node
     assert sorted(record["bound"] for record in found) == sorted(values["TORCH_TPU_SLICEBUILDER_ADDRESSES"].split(","))
     assert not [line for run in runs for line in run.stderr.splitlines() if LIBTPU_LINES.search(line)], both(runs)
 
-    theirs = torch_tpu_launch_env(TPU_WORKER_HOSTNAMES=",".join(ips), TORCH_TPU_BASE_PORT=str(base),
-                                  TORCH_TPU_DEVICES_PER_HOST="4", NODE_RANK="0")
+    theirs = torch_tpu_launch_env(
+        TPU_WORKER_HOSTNAMES=",".join(ips), TORCH_TPU_BASE_PORT=str(base), TORCH_TPU_DEVICES_PER_HOST="4", NODE_RANK="0"
+    )
     assert values["TORCH_TPU_SLICEBUILDER_ADDRESSES"] == theirs["TORCH_TPU_SLICEBUILDER_ADDRESSES"]
 
 
@@ -172,17 +206,30 @@ def test_two_tpu_vms_get_the_list_torch_tpu_builds_for_them_and_one_session(node
 def test_c10d_ranks_the_nodes_by_their_worker_numbers_not_by_the_rounds_order(nodes: Nodes, port: int) -> None:
     # torch's round orders nodes by address: 127.0.0.1 first. Their worker numbers in the slice say the other way.
     base = free_base_port("127.0.0.1", "127.0.0.2")
-    env = {**V4_HOST, "TPU_HOST_BOUNDS": "1,1,2", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
-           "TORCH_TPU_BASE_PORT": str(base), "DUMP_DIR": str(nodes.out_dir)}
-    started = [nodes.start(*c10d(port, "slice", 2, 4), "--local-addr", ip, worker("tpu_address.py"),
-                           env={**env, "JOB_COMPLETION_INDEX": index})
-               for ip, index in (("127.0.0.1", "1"), ("127.0.0.2", "0"))]
+    env = {
+        **V4_HOST,
+        "TPU_HOST_BOUNDS": "1,1,2",
+        "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
+        "TORCH_TPU_BASE_PORT": str(base),
+        "DUMP_DIR": str(nodes.out_dir),
+    }
+    started = [
+        nodes.start(
+            *c10d(port, "slice", 2, 4),
+            "--local-addr",
+            ip,
+            worker("tpu_address.py"),
+            env={**env, "JOB_COMPLETION_INDEX": index},
+        )
+        for ip, index in (("127.0.0.1", "1"), ("127.0.0.2", "0"))
+    ]
     runs = nodes.finish_all(started)
     assert [run.returncode for run in runs] == [0, 0], both(runs)
     found = records(nodes.out_dir)
     values = same_values(found)
     assert values["TORCH_TPU_SLICEBUILDER_ADDRESSES"] == ",".join(
-        f"{ip}:{base + index}" for ip in ("127.0.0.2", "127.0.0.1") for index in range(4))
+        f"{ip}:{base + index}" for ip in ("127.0.0.2", "127.0.0.1") for index in range(4)
+    )
     ranks = {record["bound"].split(":")[0]: record["env"]["GROUP_RANK"] for record in found}
     assert ranks == {"127.0.0.2": "0", "127.0.0.1": "1"}
 
@@ -190,17 +237,32 @@ def test_c10d_ranks_the_nodes_by_their_worker_numbers_not_by_the_rounds_order(no
 @needs_torch_tpu
 def test_three_hosts_of_eight_devices_on_another_base_port_are_torch_tpus_list() -> None:
     hosts = ("127.0.0.1", "127.0.0.2", "127.0.0.3")
-    options = XlaOptions("tpu", "torchtpu", tpu_topology=TpuTopology("2,2,1", "2,4,1", generation=6),
-                         tpu_slice=TpuSlice(chip="0x006f", base_port=9000))
-    node = NodeAssignment(run_id="job", node_rank=2, nnodes=3, local_world_size=8, rank_offset=16, world_size=24,
-                          master_addr=hosts[0], master_port=29500, hosts=hosts)
+    options = XlaOptions(
+        "tpu",
+        "torchtpu",
+        tpu_topology=TpuTopology("2,2,1", "2,4,1", generation=6),
+        tpu_slice=TpuSlice(chip="0x006f", base_port=9000),
+    )
+    node = NodeAssignment(
+        run_id="job",
+        node_rank=2,
+        nnodes=3,
+        local_world_size=8,
+        rank_offset=16,
+        world_size=24,
+        master_addr=hosts[0],
+        master_port=29500,
+        hosts=hosts,
+    )
     ours = xla_env(options, node, 5)["TORCH_TPU_SLICEBUILDER_ADDRESSES"]
-    theirs = torch_tpu_launch_env(TPU_WORKER_HOSTNAMES=",".join(hosts), TORCH_TPU_BASE_PORT="9000",
-                                  TORCH_TPU_DEVICES_PER_HOST="8", NODE_RANK="2")
+    theirs = torch_tpu_launch_env(
+        TPU_WORKER_HOSTNAMES=",".join(hosts), TORCH_TPU_BASE_PORT="9000", TORCH_TPU_DEVICES_PER_HOST="8", NODE_RANK="2"
+    )
     assert ours == theirs["TORCH_TPU_SLICEBUILDER_ADDRESSES"]
 
 
 # --- the size limit -------------------------------------------------------------------------------------
+
 
 def exec_with(name: str, value: str) -> int | str:
     """Start /bin/true with ``name=value`` in its environment: its exit code, or the error exec raised."""
@@ -213,15 +275,28 @@ def exec_with(name: str, value: str) -> int | str:
 @pytest.mark.parametrize("dry_run", [True, pytest.param(False, marks=needs_torch_tpu)], ids=["dry run", "launch"])
 def test_a_list_past_linuxs_limit_is_refused_before_anything_starts(dry_run: bool, tmp_path: Path) -> None:
     # 1820 hosts of 4 devices at 12-character addresses: 7280 entries of 18 bytes, one byte too many.
-    flags = ["--runtime", "torchtpu", "--nnodes", "1820", "--node-rank", "0", "--master-addr", "10.130.0.123",
-             "--nproc-per-node", "4", worker("marker.py"), tmp_path / "ran"]
+    flags = [
+        "--runtime",
+        "torchtpu",
+        "--nnodes",
+        "1820",
+        "--node-rank",
+        "0",
+        "--master-addr",
+        "10.130.0.123",
+        "--nproc-per-node",
+        "4",
+        worker("marker.py"),
+        tmp_path / "ran",
+    ]
     env = {**V4_HOST, "TPU_HOST_BOUNDS": "4,5,91", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1"}
     result = run_xlarun(*(["--dry-run"] if dry_run else []), *flags, env=env)
     assert result.returncode == 2, result.stderr
     assert result.stderr.splitlines() == [
         "xlarun: error: TORCH_TPU_SLICEBUILDER_ADDRESSES for 7280 devices on 1820 hosts would take 131,073 bytes, "
         "past Linux's 128 KiB limit on one environment variable (131,072 bytes, MAX_ARG_STRLEN), so no worker "
-        "could start: split the job"]
+        "could start: split the job"
+    ]
     assert not (tmp_path / "ran").exists()
     entries = [f"10.130.0.123:{8070 + index}" for _ in range(1820) for index in range(4)]
     assert exec_with("TORCH_TPU_SLICEBUILDER_ADDRESSES", ",".join(entries)) == "Argument list too long"
@@ -229,8 +304,20 @@ def test_a_list_past_linuxs_limit_is_refused_before_anything_starts(dry_run: boo
 
 def test_the_dry_run_shows_the_size_of_a_list_that_fits() -> None:
     env = {**V4_HOST, "TPU_HOST_BOUNDS": "1,17,107", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1"}
-    document = plan("--runtime", "torchtpu", "--nnodes", "1819", "--node-rank", "0", "--master-addr", "10.130.0.123",
-                    "--nproc-per-node", "4", "t.py", env=env)
+    document = plan(
+        "--runtime",
+        "torchtpu",
+        "--nnodes",
+        "1819",
+        "--node-rank",
+        "0",
+        "--master-addr",
+        "10.130.0.123",
+        "--nproc-per-node",
+        "4",
+        "t.py",
+        env=env,
+    )
     addresses = document["workers"][0]["env"]["TORCH_TPU_SLICEBUILDER_ADDRESSES"]
     assert addresses == "<decided at rendezvous>"  # the nodes' real addresses come from the rendezvous
     assert document["env_bytes"] > 130_967 + len("TORCH_TPU_SLICEBUILDER_ADDRESSES") + 2
@@ -241,11 +328,14 @@ def test_the_dry_run_shows_the_size_of_a_list_that_fits() -> None:
 
 # --- TorchNeuron ----------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("host, cores", [("trn1-32xlarge", 32), ("trn2-48xlarge", 64)])
-def test_torchneuron_plans_one_worker_per_logical_neuroncore_without_torch_xlas_variables(host: str,
-                                                                                           cores: int) -> None:
-    document = plan("--runtime", "torchneuron", "--nproc-per-node", "auto", "t.py",
-                    env={"XLARUN_HOST_ROOT": str(HOSTS / host)})
+def test_torchneuron_plans_one_worker_per_logical_neuroncore_without_torch_xlas_variables(
+    host: str, cores: int
+) -> None:
+    document = plan(
+        "--runtime", "torchneuron", "--nproc-per-node", "auto", "t.py", env={"XLARUN_HOST_ROOT": str(HOSTS / host)}
+    )
     assert (document["device"], document["runtime"], len(document["workers"])) == ("neuron", "torchneuron", cores)
     for record in document["workers"]:
         assert not [name for name in record["env"] if name.startswith((*TORCH_XLA_PREFIXES, "NEURON_", "TPU_"))]
@@ -253,24 +343,34 @@ def test_torchneuron_plans_one_worker_per_logical_neuroncore_without_torch_xlas_
 
 
 def test_torchneuron_without_its_package_is_refused_in_one_line(tmp_path: Path) -> None:
-    result = run_xlarun("--runtime", "torchneuron", "--nproc-per-node", "auto", worker("marker.py"), tmp_path / "ran",
-                        env={"XLARUN_HOST_ROOT": str(HOSTS / "trn2-48xlarge")})
+    result = run_xlarun(
+        "--runtime",
+        "torchneuron",
+        "--nproc-per-node",
+        "auto",
+        worker("marker.py"),
+        tmp_path / "ran",
+        env={"XLARUN_HOST_ROOT": str(HOSTS / "trn2-48xlarge")},
+    )
     assert result.returncode == 2
-    assert result.stderr == ("xlarun: error: the torchneuron runtime needs torch-neuronx, which is not installed in "
-                             "this Python\n")
+    assert result.stderr == (
+        "xlarun: error: the torchneuron runtime needs torch-neuronx, which is not installed in this Python\n"
+    )
     assert not (tmp_path / "ran").exists()
 
 
-
 # --- several slices (MegaScale) ------------------------------------------------------------------------
+
 
 def multislice_tpu_env(slice_id: int) -> str:
     """The ``tpu-env`` of a host of slice ``slice_id`` in a queued resource of two v4-16 slices, whose
     coordinator is slice 0's worker 0 (127.0.0.1) at MegaScale's port."""
     from metadata import V4_16_TPU_ENV
 
-    return (V4_16_TPU_ENV + f"MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '{slice_id}'\n"
-            "MEGASCALE_COORDINATOR_ADDRESS: '127.0.0.1:8080'\n")
+    return (
+        V4_16_TPU_ENV + f"MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '{slice_id}'\n"
+        "MEGASCALE_COORDINATOR_ADDRESS: '127.0.0.1:8080'\n"
+    )
 
 
 SLICES = [["127.0.0.1", "127.0.0.2"], ["127.0.0.3", "127.0.0.4"]]
@@ -279,31 +379,52 @@ SLICES = [["127.0.0.1", "127.0.0.2"], ["127.0.0.3", "127.0.0.4"]]
 
 def gke_multislice_pod(slice_id: int, worker_id: int) -> dict[str, str]:
     """What a JobSet's pod of two v4-16 slices holds (GKE's variables and the manifest's MegaScale settings)."""
-    return {"TPU_WORKER_ID": str(worker_id), "TPU_WORKER_HOSTNAMES": ",".join(SLICES[slice_id]),
-            "TPU_ACCELERATOR_TYPE": "v4-16", "TPU_HOST_BOUNDS": "1,1,2", "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
-            "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": str(slice_id),
-            "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1:8080"}
+    return {
+        "TPU_WORKER_ID": str(worker_id),
+        "TPU_WORKER_HOSTNAMES": ",".join(SLICES[slice_id]),
+        "TPU_ACCELERATOR_TYPE": "v4-16",
+        "TPU_HOST_BOUNDS": "1,1,2",
+        "TPU_CHIPS_PER_HOST_BOUNDS": "2,2,1",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": str(slice_id),
+        "MEGASCALE_COORDINATOR_ADDRESS": "127.0.0.1:8080",
+    }
 
 
 @needs_torch_tpu
 @pytest.mark.parametrize("cluster", ["tpu-vm", "gke-tpu"])
 def test_two_slices_of_two_hosts_each_get_their_slices_list_and_the_jobs_megascale_settings(
-        cluster: str, nodes: Nodes, port: int) -> None:
+    cluster: str, nodes: Nodes, port: int
+) -> None:
     slices = SLICES
     base = free_base_port(*slices[0], *slices[1])
     places = [(slice_id, worker_id) for slice_id in range(2) for worker_id in range(2)]
     with contextlib.ExitStack() as servers:
         if cluster == "tpu-vm":
-            hosts = [servers.enter_context(serve_metadata(slice_attributes(
-                worker_id, slices[slice_id], multislice_tpu_env(slice_id)))).host for slice_id, worker_id in places]
+            hosts = [
+                servers.enter_context(
+                    serve_metadata(slice_attributes(worker_id, slices[slice_id], multislice_tpu_env(slice_id)))
+                ).host
+                for slice_id, worker_id in places
+            ]
             environs = [{"GCE_METADATA_HOST": host} for host in hosts]
         else:
             environs = [gke_multislice_pod(slice_id, worker_id) for slice_id, worker_id in places]
-        started = [nodes.start("--cluster", cluster, "--master-port", port, "--local-addr", ip,
-                               "--nproc-per-node", "auto", worker("tpu_address.py"),
-                               env={**V4_HOST, **environ, "TORCH_TPU_BASE_PORT": str(base),
-                                    "DUMP_DIR": str(nodes.out_dir)})
-                   for ip, environ in zip(slices[0] + slices[1], environs, strict=True)]
+        started = [
+            nodes.start(
+                "--cluster",
+                cluster,
+                "--master-port",
+                port,
+                "--local-addr",
+                ip,
+                "--nproc-per-node",
+                "auto",
+                worker("tpu_address.py"),
+                env={**V4_HOST, **environ, "TORCH_TPU_BASE_PORT": str(base), "DUMP_DIR": str(nodes.out_dir)},
+            )
+            for ip, environ in zip(slices[0] + slices[1], environs, strict=True)
+        ]
         runs = nodes.finish_all(started)
     assert [run.returncode for run in runs] == [0, 0, 0, 0], both(runs)
     found = records(nodes.out_dir)
@@ -311,8 +432,9 @@ def test_two_slices_of_two_hosts_each_get_their_slices_list_and_the_jobs_megasca
     by_host = {record["bound"].split(":")[0]: record["env"] for record in found}
     assert [by_host[ip]["GROUP_RANK"] for ip in slices[0] + slices[1]] == ["0", "1", "2", "3"]
     assert {record["env"]["MASTER_ADDR"] for record in found} == {"127.0.0.1"}
-    megascale = {(record["env"]["MEGASCALE_COORDINATOR_ADDRESS"], record["env"]["MEGASCALE_NUM_SLICES"])
-                 for record in found}
+    megascale = {
+        (record["env"]["MEGASCALE_COORDINATOR_ADDRESS"], record["env"]["MEGASCALE_NUM_SLICES"]) for record in found
+    }
     assert megascale == {("127.0.0.1:8080", "2")}
     assert len({record["env"]["TORCH_TPU_XPROF_SESSION_ID"] for record in found}) == 1  # the job's, every slice's
     for slice_id, ips in enumerate(slices):
@@ -320,25 +442,41 @@ def test_two_slices_of_two_hosts_each_get_their_slices_list_and_the_jobs_megasca
         assert {env["MEGASCALE_SLICE_ID"] for env in mine} == {str(slice_id)}
         assert {env["TORCH_TPU_TOPOLOGY"] for env in mine} == {"2,2,2"}  # one v4-16 slice's, not the job's
         # torch_tpu builds one slice's list from that slice's hosts: the slice builder joins one slice's chips.
-        theirs = torch_tpu_launch_env(TPU_WORKER_HOSTNAMES=",".join(ips), TORCH_TPU_BASE_PORT=str(base),
-                                      TORCH_TPU_DEVICES_PER_HOST="4", NODE_RANK="0")
-        assert {env["TORCH_TPU_SLICEBUILDER_ADDRESSES"] for env in mine} == {
-            theirs["TORCH_TPU_SLICEBUILDER_ADDRESSES"]}
+        theirs = torch_tpu_launch_env(
+            TPU_WORKER_HOSTNAMES=",".join(ips),
+            TORCH_TPU_BASE_PORT=str(base),
+            TORCH_TPU_DEVICES_PER_HOST="4",
+            NODE_RANK="0",
+        )
+        assert {env["TORCH_TPU_SLICEBUILDER_ADDRESSES"] for env in mine} == {theirs["TORCH_TPU_SLICEBUILDER_ADDRESSES"]}
 
 
-@pytest.mark.parametrize("tpu_env, complaint", [
-    ("MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '0'\nMEGASCALE_COORDINATOR_ADDRESS: '127.0.0.1'\n",
-     "MEGASCALE_COORDINATOR_ADDRESS='127.0.0.1' has no port"),
-    ("MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '2'\n", "MEGASCALE_SLICE_ID=2 is outside"),
-])
-def test_a_multislice_tpu_env_xlarun_cannot_plan_is_refused_in_one_line(tpu_env: str, complaint: str,
-                                                                        tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    "tpu_env, complaint",
+    [
+        (
+            "MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '0'\nMEGASCALE_COORDINATOR_ADDRESS: '127.0.0.1'\n",
+            "MEGASCALE_COORDINATOR_ADDRESS='127.0.0.1' has no port",
+        ),
+        ("MEGASCALE_NUM_SLICES: '2'\nMEGASCALE_SLICE_ID: '2'\n", "MEGASCALE_SLICE_ID=2 is outside"),
+    ],
+)
+def test_a_multislice_tpu_env_xlarun_cannot_plan_is_refused_in_one_line(
+    tpu_env: str, complaint: str, tmp_path: Path
+) -> None:
     from metadata import V4_16_TPU_ENV
 
     with serve_metadata(slice_attributes(0, ["127.0.0.1", "127.0.0.2"], V4_16_TPU_ENV + tpu_env)) as vm:
-        result = run_xlarun("--cluster", "tpu-vm", "--runtime", "torchtpu", "--nproc-per-node", "4",
-                            worker("tpu_address.py"),
-                            env={**V4_HOST, "GCE_METADATA_HOST": vm.host, "DUMP_DIR": str(tmp_path)})
+        result = run_xlarun(
+            "--cluster",
+            "tpu-vm",
+            "--runtime",
+            "torchtpu",
+            "--nproc-per-node",
+            "4",
+            worker("tpu_address.py"),
+            env={**V4_HOST, "GCE_METADATA_HOST": vm.host, "DUMP_DIR": str(tmp_path)},
+        )
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"xlarun: error: --cluster tpu-vm: {complaint}"), result.stderr

@@ -21,8 +21,10 @@ from metadata import Served, serve_metadata, slice_attributes
 
 IPS = ["127.0.0.1", "127.0.0.2"]
 ZONE = "us-central2-b"
-WORKER = ("import os\nprint('rank', os.environ['RANK'], 'node', os.environ['GROUP_RANK'], 'of',\n"
-          "      os.environ['WORLD_SIZE'], 'at', os.environ['MASTER_ADDR'] + ':' + os.environ['MASTER_PORT'], flush=True)\n")
+WORKER = (
+    "import os\nprint('rank', os.environ['RANK'], 'node', os.environ['GROUP_RANK'], 'of',\n"
+    "      os.environ['WORLD_SIZE'], 'at', os.environ['MASTER_ADDR'] + ':' + os.environ['MASTER_PORT'], flush=True)\n"
+)
 
 
 class Pod(NamedTuple):
@@ -31,8 +33,19 @@ class Pod(NamedTuple):
     workdir: Path
 
     def run(self, *flags: object, env: dict[str, str] | None = None) -> Run:
-        return run_xlarun("--tpu-pod", "pod", "--tpu-zone", ZONE, *flags, "--nproc-per-node", "1", "train.py",
-                          env={**self.gcloud.env, **(env or {})}, cwd=self.workdir, timeout=180)
+        return run_xlarun(
+            "--tpu-pod",
+            "pod",
+            "--tpu-zone",
+            ZONE,
+            *flags,
+            "--nproc-per-node",
+            "1",
+            "train.py",
+            env={**self.gcloud.env, **(env or {})},
+            cwd=self.workdir,
+            timeout=180,
+        )
 
     def ssh_calls(self) -> list[list[str]]:
         return [call for call in self.gcloud.calls() if call[3] == "ssh"]
@@ -43,8 +56,16 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
     (tmp_path / "train.py").write_text(WORKER)
     with ExitStack() as stack:
         served = [stack.enter_context(serve_metadata(slice_attributes(worker, IPS))) for worker in range(len(IPS))]
-        gcloud = stub_gcloud(tmp_path, {"pod": {"zone": ZONE, "describe": pod_description(IPS),
-                                                "metadata_hosts": [server.host for server in served]}})
+        gcloud = stub_gcloud(
+            tmp_path,
+            {
+                "pod": {
+                    "zone": ZONE,
+                    "describe": pod_description(IPS),
+                    "metadata_hosts": [server.host for server in served],
+                }
+            },
+        )
         yield Pod(gcloud, served, tmp_path)
 
 
@@ -73,12 +94,14 @@ def test_every_worker_of_the_pod_runs_its_node_with_the_rank_its_metadata_gives(
     assert result.returncode == 0, result.stderr
     assert sorted(line for line in result.stdout.splitlines() if " rank " in line) == [
         f"127.0.0.1:0: rank 0 node 0 of 2 at 127.0.0.1:{port}",
-        f"127.0.0.2:1: rank 1 node 1 of 2 at 127.0.0.1:{port}"], result.stdout  # --master-port reaches every host
+        f"127.0.0.2:1: rank 1 node 1 of 2 at 127.0.0.1:{port}",
+    ], result.stdout  # --master-port reaches every host
     calls = pod.gcloud.calls()
     assert calls[0][3] == "describe" and [call[3] for call in calls].count("describe") == 1
     ssh = sorted(pod.ssh_calls())
-    assert [call[:8] for call in ssh] == [["compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", ZONE, f"--worker={n}"]
-                                          for n in range(2)]
+    assert [call[:8] for call in ssh] == [
+        ["compute", "tpus", "tpu-vm", "ssh", "pod", "--zone", ZONE, f"--worker={n}"] for n in range(2)
+    ]
     assert all(call[8:10] == ["--quiet", "--command"] and call[11:] == ["--", "-T"] for call in ssh), ssh
     # Each node asked its own VM's metadata server who it is.
     for server in pod.metadata:
@@ -91,7 +114,8 @@ def test_a_pod_gcloud_cannot_describe_is_one_line_and_starts_nothing(pod: Pod) -
     assert result.stderr.splitlines() == [
         f"xlarun: error: --tpu-pod other: gcloud compute tpus tpu-vm describe other --zone {ZONE} --format=json "
         f"failed: ERROR: (gcloud.compute.tpus.tpu-vm) NOT_FOUND: Resource "
-        f"'projects/stub/locations/{ZONE}/nodes/other' was not found"]
+        f"'projects/stub/locations/{ZONE}/nodes/other' was not found"
+    ]
     assert pod.ssh_calls() == []
 
 
@@ -100,5 +124,7 @@ def test_no_gcloud_is_one_line(pod: Pod, tmp_path: Path) -> None:
     empty.mkdir()
     result = run_xlarun("--tpu-pod", "pod", "train.py", env={"PATH": str(empty)}, cwd=pod.workdir)
     assert result.returncode == 2
-    assert result.stderr.splitlines() == ["xlarun: error: --tpu-pod pod: gcloud is not installed (not on PATH): "
-                                          "install the Google Cloud CLI, or name the VMs with --hosts"]
+    assert result.stderr.splitlines() == [
+        "xlarun: error: --tpu-pod pod: gcloud is not installed (not on PATH): "
+        "install the Google Cloud CLI, or name the VMs with --hosts"
+    ]

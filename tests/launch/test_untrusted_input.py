@@ -75,12 +75,14 @@ def assert_failed_with_code_3(run: Run, summary_file: Path, out_dir: Path, kind:
 
 @pytest.mark.usefixtures("hostile_workers")
 @pytest.mark.parametrize("kind", sorted(ROOT_TRACEBACKS))
-def test_a_hostile_error_file_gives_the_workers_code_a_report_and_a_summary(tmp_path: Path, out_dir: Path, port: int,
-                                                                          kind: str) -> None:
+def test_a_hostile_error_file_gives_the_workers_code_a_report_and_a_summary(
+    tmp_path: Path, out_dir: Path, port: int, kind: str
+) -> None:
     summary_file = tmp_path / "summary.json"
     started = time.time()
-    run = run_xlarun("--nproc_per_node", "2", "--master_port", port, "--summary-file", summary_file, HOSTILE,
-                     out_dir, kind)
+    run = run_xlarun(
+        "--nproc_per_node", "2", "--master_port", port, "--summary-file", summary_file, HOSTILE, out_dir, kind
+    )
     root = assert_failed_with_code_3(run, summary_file, out_dir, kind)
 
     # An implausible timestamp gives way to the worker's exit time.
@@ -98,12 +100,15 @@ def test_a_hostile_error_file_gives_the_workers_code_a_report_and_a_summary(tmp_
 
 @pytest.mark.usefixtures("hostile_workers")
 @pytest.mark.parametrize("kind", ["long", "huge=12"])
-def test_another_nodes_hostile_error_file_reaches_every_node_cut(nodes: Nodes, tmp_path: Path, out_dir: Path,
-                                                                 port: int, kind: str) -> None:
+def test_another_nodes_hostile_error_file_reaches_every_node_cut(
+    nodes: Nodes, tmp_path: Path, out_dir: Path, port: int, kind: str
+) -> None:
     """The record goes through the store to the other node: a record of megabytes broke its connection."""
     summaries = [tmp_path / f"summary.{node_rank}.json" for node_rank in (0, 1)]
-    agents = [nodes.start(*static(port, node_rank, 2, 1), "--summary-file", summaries[node_rank], HOSTILE, out_dir,
-                          kind) for node_rank in (0, 1)]
+    agents = [
+        nodes.start(*static(port, node_rank, 2, 1), "--summary-file", summaries[node_rank], HOSTILE, out_dir, kind)
+        for node_rank in (0, 1)
+    ]
     runs = nodes.finish_all(agents)
     for run, summary_file in zip(runs, summaries, strict=True):
         root = assert_failed_with_code_3(run, summary_file, out_dir, kind)
@@ -119,8 +124,22 @@ def test_a_link_planted_at_the_old_temporary_name_of_the_summary_is_left_alone(t
     victim.write_text("precious")
     summary_file = tmp_path / "summary.json"
     plant_then_launch = f'ln -s {victim} "{summary_file}.tmp$$" && exec "$@"'
-    run = run_command(["sh", "-c", plant_then_launch, "sh", PYTHON, "-m", "xlarun", "--standalone",
-                       "--summary-file", str(summary_file), "--no-python", "true"])
+    run = run_command(
+        [
+            "sh",
+            "-c",
+            plant_then_launch,
+            "sh",
+            PYTHON,
+            "-m",
+            "xlarun",
+            "--standalone",
+            "--summary-file",
+            str(summary_file),
+            "--no-python",
+            "true",
+        ]
+    )
     assert run.returncode == 0, run.stderr
     [link] = tmp_path.glob("summary.json.tmp*")
     assert victim.read_text() == "precious"
@@ -130,13 +149,18 @@ def test_a_link_planted_at_the_old_temporary_name_of_the_summary_is_left_alone(t
     assert (summary["exit_code"], summary["result"]) == (0, "succeeded")
 
 
-@pytest.mark.parametrize("flags, expected", [
-    (["--rdzv-id", "../../esc"], "--rdzv-id='../../esc' cannot be a run id"),
-    (["--rdzv-id", "job\nforged line"], "--rdzv-id='job\\nforged line' cannot be a run id"),
-    (["--summary-file", "/proc/1/ci/summary.json"], "(/proc/1 is not writable)"),
-], ids=["run-id-leaving-the-log-dir", "run-id-with-a-newline", "summary-nobody-may-write"])
-def test_hostile_input_is_refused_before_anything_starts(tmp_path: Path, port: int, flags: list[str],
-                                                         expected: str) -> None:
+@pytest.mark.parametrize(
+    "flags, expected",
+    [
+        (["--rdzv-id", "../../esc"], "--rdzv-id='../../esc' cannot be a run id"),
+        (["--rdzv-id", "job\nforged line"], "--rdzv-id='job\\nforged line' cannot be a run id"),
+        (["--summary-file", "/proc/1/ci/summary.json"], "(/proc/1 is not writable)"),
+    ],
+    ids=["run-id-leaving-the-log-dir", "run-id-with-a-newline", "summary-nobody-may-write"],
+)
+def test_hostile_input_is_refused_before_anything_starts(
+    tmp_path: Path, port: int, flags: list[str], expected: str
+) -> None:
     log_dir = tmp_path / "a" / "b" / "logs"
     log_dir.mkdir(parents=True)
     marker = tmp_path / "marker"
@@ -155,9 +179,12 @@ def test_a_store_that_is_not_there_is_given_up_at_the_join_timeout(out_dir: Path
     elapsed = time.monotonic() - started
     assert run.returncode == 1
     [line] = lines(run)
-    waited = re.fullmatch(rf"xlarun: cannot reach the rendezvous store at {HOST}:{port} after (\d+) s "
-                          r"\(Connection refused\): is node 0's agent running, and is the address reachable from "
-                          r"this node\?", line)
+    waited = re.fullmatch(
+        rf"xlarun: cannot reach the rendezvous store at {HOST}:{port} after (\d+) s "
+        r"\(Connection refused\): is node 0's agent running, and is the address reachable from "
+        r"this node\?",
+        line,
+    )
     assert waited is not None, line
     assert int(waited.group(1)) == 3
     # The launcher's own start (torch's import) takes a second or two of this on a busy machine.

@@ -33,8 +33,10 @@ def test_two_cpu_processes_are_refused_with_the_cause():
     results = run_workers(["examples/xla_allreduce.py"], nproc=2)
     for result in results:
         assert result.returncode != 0, result.stdout
-        assert "SplitWorldError: PJRT's CPU client has no cross-process collectives: " \
-               "each of the 2 processes would train alone as rank 0 of 1" in result.stderr
+        assert (
+            "SplitWorldError: PJRT's CPU client has no cross-process collectives: "
+            "each of the 2 processes would train alone as rank 0 of 1" in result.stderr
+        )
         assert '"sum"' not in result.stdout
 
 

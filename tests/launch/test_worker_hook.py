@@ -43,8 +43,11 @@ def test_the_workers_sys_path_is_plain_pythons(pythonpath: str, tmp_path: Path, 
 
     plain = run_command([PYTHON, str(script)], env=env, cwd=cwd)
     # -P: the launcher's own imports do not come from the working directory, as an installed xlarun's do not.
-    launched = run_command([PYTHON, "-P", "-m", "xlarun", "--nproc-per-node", "1", "--master-port", str(port),
-                            str(script)], env=env, cwd=cwd)
+    launched = run_command(
+        [PYTHON, "-P", "-m", "xlarun", "--nproc-per-node", "1", "--master-port", str(port), str(script)],
+        env=env,
+        cwd=cwd,
+    )
 
     assert launched.returncode == plain.returncode, launched.stderr
     if plain.returncode == 0:
@@ -76,12 +79,22 @@ def test_a_dump_lands_in_its_own_file_or_nowhere(mode: str, out_dir: Path, port:
 
 def test_stacks_finds_every_worker_under_virtual_local_rank(out_dir: Path, port: int) -> None:
     """Every worker's LOCAL_RANK is 0 there; each dump file still lies in its own local rank's directory."""
-    launcher = start_xlarun("--nproc-per-node", "2", "--virtual-local-rank", "--master-port", port,
-                            worker("descriptors.py"), out_dir, "keep")
+    launcher = start_xlarun(
+        "--nproc-per-node",
+        "2",
+        "--virtual-local-rank",
+        "--master-port",
+        port,
+        worker("descriptors.py"),
+        out_dir,
+        "keep",
+    )
     checkpoint = out_dir / "checkpoint.bin"
     try:
-        wait_for(lambda: checkpoint.exists() and checkpoint.stat().st_size == 2 * len(b"weights"),
-                 "both workers to open the checkpoint")
+        wait_for(
+            lambda: checkpoint.exists() and checkpoint.stat().st_size == 2 * len(b"weights"),
+            "both workers to open the checkpoint",
+        )
         shown = run_command([*XLARUN, "--stacks", str(launcher.pid)])
     finally:
         (out_dir / "release").touch()
@@ -100,8 +113,13 @@ def test_stacks_ignores_another_users_process(tmp_path: Path) -> None:
     secret.chmod(0o600)
     nobody = pwd.getpwnam("nobody")
     catching = f"trap : {int(STACKS_SIGNAL)}; while :; do sleep 0.1; done"
-    process = subprocess.Popen(["bash", "-c", catching], user=nobody.pw_uid, group=nobody.pw_gid, cwd="/",
-                               env=clean_env({STACKS_VARIABLE: f"{int(STACKS_SIGNAL)}:{secret}"}))
+    process = subprocess.Popen(
+        ["bash", "-c", catching],
+        user=nobody.pw_uid,
+        group=nobody.pw_gid,
+        cwd="/",
+        env=clean_env({STACKS_VARIABLE: f"{int(STACKS_SIGNAL)}:{secret}"}),
+    )
     try:
         wait_for(lambda: _catches_stacks_signal(process.pid), "the nobody process to catch the signal")
         named = run_command([*XLARUN, "--stacks", str(os.getpid())])
@@ -140,9 +158,21 @@ def test_stacks_shows_control_characters_escaped(out_dir: Path, port: int, tmp_p
 
 def test_a_step_log_the_user_asked_for_stays_in_the_output(port: int, tmp_path: Path) -> None:
     """Without --hang-timeout xlarun asked for no step log: the user's own XLA_EMIT_STEPLOG=1 lines stay theirs."""
-    run = run_command([*XLARUN, "--nproc-per-node", "1", "--master-port", str(port), "--tee", "3",
-                       "--log-dir", str(tmp_path / "logs"), worker("step_lines.py")],
-                      env={"XLA_EMIT_STEPLOG": "1"})
+    run = run_command(
+        [
+            *XLARUN,
+            "--nproc-per-node",
+            "1",
+            "--master-port",
+            str(port),
+            "--tee",
+            "3",
+            "--log-dir",
+            str(tmp_path / "logs"),
+            worker("step_lines.py"),
+        ],
+        env={"XLA_EMIT_STEPLOG": "1"},
+    )
 
     assert run.returncode == 0, run.stderr
     (stderr_log,) = tmp_path.glob("logs/*/attempt_0/0/stderr.log")

@@ -16,9 +16,11 @@ xrt.configure_xrt_worker()
 print(json.dumps({name: os.environ[name] for name in ("XRT_WORKERS", "XRT_DEVICE_MAP")}))
 """
 
-GPU_MAP_OF_THREE = ("GPU:0;/job:localservice/replica:0/task:0/device:XLA_GPU:0|"
-                    "GPU:1;/job:localservice/replica:0/task:1/device:XLA_GPU:0|"
-                    "GPU:2;/job:localservice/replica:0/task:2/device:XLA_GPU:0")
+GPU_MAP_OF_THREE = (
+    "GPU:0;/job:localservice/replica:0/task:0/device:XLA_GPU:0|"
+    "GPU:1;/job:localservice/replica:0/task:1/device:XLA_GPU:0|"
+    "GPU:2;/job:localservice/replica:0/task:2/device:XLA_GPU:0"
+)
 
 
 def assert_identical_correct_lists(results, world_size):
@@ -36,8 +38,9 @@ def assert_identical_correct_lists(results, world_size):
 
 
 def test_three_workers_build_identical_lists_through_rank_zeros_store():
-    results = run_workers(["-c", BUILD_LISTS], nproc=3,
-                          env_for_rank=lambda rank: {"XRT_MULTI_PROCESSING_DEVICE": f"GPU:{rank}"})
+    results = run_workers(
+        ["-c", BUILD_LISTS], nproc=3, env_for_rank=lambda rank: {"XRT_MULTI_PROCESSING_DEVICE": f"GPU:{rank}"}
+    )
     for result in results:
         assert result.returncode == 0, result.stderr
     assert_identical_correct_lists(results, 3)
@@ -51,9 +54,14 @@ def test_workers_of_a_restarted_attempt_use_the_launchers_store():
     # Served here, as the launcher's agent would: a worker that tried to serve
     # the port itself would fail to bind it.
     _agent_store = dist.TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-    results = run_workers(["-c", BUILD_LISTS], nproc=2, master_port=port, agent_store=True,
-                          restart_count=1,
-                          env_for_rank=lambda rank: {"XRT_MULTI_PROCESSING_DEVICE": f"GPU:{rank}"})
+    results = run_workers(
+        ["-c", BUILD_LISTS],
+        nproc=2,
+        master_port=port,
+        agent_store=True,
+        restart_count=1,
+        env_for_rank=lambda rank: {"XRT_MULTI_PROCESSING_DEVICE": f"GPU:{rank}"},
+    )
     for result in results:
         assert result.returncode == 0, result.stderr
     assert_identical_correct_lists(results, 2)

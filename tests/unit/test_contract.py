@@ -29,8 +29,11 @@ def test_the_hook_reads_the_variable_and_holds_the_descriptor_the_launcher_check
 
 def test_the_hook_adds_its_directory_and_no_empty_entry() -> None:
     """An empty PYTHONPATH is an unset one; the user's own empty entries are theirs."""
-    for inherited, expected in ({}, HOOK_DIRECTORY), ({"PYTHONPATH": ""}, HOOK_DIRECTORY), \
-            ({"PYTHONPATH": "a::b:"}, f"{HOOK_DIRECTORY}{os.pathsep}a::b:"):
+    for inherited, expected in (
+        ({}, HOOK_DIRECTORY),
+        ({"PYTHONPATH": ""}, HOOK_DIRECTORY),
+        ({"PYTHONPATH": "a::b:"}, f"{HOOK_DIRECTORY}{os.pathsep}a::b:"),
+    ):
         assert hook_variables("stacks.txt", inherited)["PYTHONPATH"] == expected
 
 
@@ -41,12 +44,22 @@ def test_a_run_path_worker_runs_the_bootstrap_file_before_the_script() -> None:
 
 def test_the_bootstrap_gives_the_script_the_path_and_arguments_of_python_c(tmp_path: Path) -> None:
     script = tmp_path / "show.py"
-    script.write_text("import json, sys\nprint(json.dumps({'argv': sys.argv, 'path0': sys.path[0], "
-                      "'name': __name__}))\n")
+    script.write_text(
+        "import json, sys\nprint(json.dumps({'argv': sys.argv, 'path0': sys.path[0], 'name': __name__}))\n"
+    )
     seen = []
-    for argv in ([sys.executable, "-u", RUN_PATH_BOOTSTRAP, str(script), "a", "b"],
-                 [sys.executable, "-u", "-c", "import runpy, sys; sys.argv = sys.argv[1:]; "
-                  "runpy.run_path(sys.argv[0], run_name='__main__')", str(script), "a", "b"]):
+    for argv in (
+        [sys.executable, "-u", RUN_PATH_BOOTSTRAP, str(script), "a", "b"],
+        [
+            sys.executable,
+            "-u",
+            "-c",
+            "import runpy, sys; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')",
+            str(script),
+            "a",
+            "b",
+        ],
+    ):
         result = subprocess.run(argv, capture_output=True, text=True, check=True, cwd=tmp_path)
         seen.append(json.loads(result.stdout))
     assert seen[0] == seen[1] == {"argv": [str(script), "a", "b"], "path0": "", "name": "__main__"}

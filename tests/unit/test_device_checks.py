@@ -42,11 +42,15 @@ def nodes(nnodes: int, nproc: int, node_rank: int) -> NodeAssignment:
 
 # --- a device or runtime this host lacks ------------------------------------------------------------
 
+
 @pytest.mark.torch_xla  # torch_xla's own packages; the TorchTPU stack brings libtpu
-@pytest.mark.parametrize("device, message", [
-    ("tpu", "device tpu needs libtpu"),
-    ("neuron", "device neuron needs the AWS Neuron SDK's libneuronxla package"),
-])
+@pytest.mark.parametrize(
+    "device, message",
+    [
+        ("tpu", "device tpu needs libtpu"),
+        ("neuron", "device neuron needs the AWS Neuron SDK's libneuronxla package"),
+    ],
+)
 def test_a_missing_runtime_package_is_refused_alike_for_every_device(device: str, message: str) -> None:
     assert message in refusal("--device", device, "t.py", env={"XLARUN_HOST_ROOT": str(HOSTS / "gce-cpu-vm")})
 
@@ -64,6 +68,7 @@ def test_the_host_check_counts_the_devices_it_finds() -> None:
 
 
 # --- releases ----------------------------------------------------------------------------------------
+
 
 def versions(torch_xla: str, **others: str) -> packages.VersionLookup:
     return {"torch_xla": torch_xla, "torch": torch_xla, "libtpu": "0.0.21", "libneuronxla": "2.2.0", **others}.get
@@ -111,47 +116,66 @@ def test_the_release_is_read_from_metadata_and_the_newest_is_planned_without_tor
     assert release_of(None) == NEWEST == SUPPORTED[-1]
 
 
-@pytest.mark.parametrize("release, device, spmd, local_processes, breaks", [
-    ((2, 1), "tpu", True, 1, True),       # the rendezvous returns device ordinals under SPMD
-    ((2, 2), "tpu", True, 1, False),
-    ((2, 1), "neuron", False, 4, True),   # initialize_env overwrites the process index
-    ((2, 4), "neuron", False, 4, True),
-    ((2, 5), "neuron", False, 4, False),
-    ((2, 5), "neuron", False, 1, True),   # no configure_single_process
-    ((2, 6), "neuron", True, 1, True),
-    ((2, 7), "neuron", False, 1, False),
-    ((2, 9), "xpu", False, 1, True),
-    ((2, 9), "xpu", False, 2, False),
-    ((2, 1), "tpu", False, 1, False),     # fixed by presetting the one-chip world instead
-    ((2, 9), "cpu", False, 2, False),
-])
+@pytest.mark.parametrize(
+    "release, device, spmd, local_processes, breaks",
+    [
+        ((2, 1), "tpu", True, 1, True),  # the rendezvous returns device ordinals under SPMD
+        ((2, 2), "tpu", True, 1, False),
+        ((2, 1), "neuron", False, 4, True),  # initialize_env overwrites the process index
+        ((2, 4), "neuron", False, 4, True),
+        ((2, 5), "neuron", False, 4, False),
+        ((2, 5), "neuron", False, 1, True),  # no configure_single_process
+        ((2, 6), "neuron", True, 1, True),
+        ((2, 7), "neuron", False, 1, False),
+        ((2, 9), "xpu", False, 1, True),
+        ((2, 9), "xpu", False, 2, False),
+        ((2, 1), "tpu", False, 1, False),  # fixed by presetting the one-chip world instead
+        ((2, 9), "cpu", False, 2, False),
+    ],
+)
 def test_xla_init_breaks_where_the_release_facts_say(release, device, spmd, local_processes, breaks) -> None:
     assert (xla_init_break(release, device, spmd=spmd, local_processes=local_processes) is not None) == breaks
 
 
-@pytest.mark.parametrize("version, environ, backend, spmd, method", [
-    ("2.5.1", {"PJRT_DEVICE": "NEURON", "LOCAL_WORLD_SIZE": "1"}, "xla", False, "env://"),
-    ("2.7.0", {"PJRT_DEVICE": "NEURON", "LOCAL_WORLD_SIZE": "1"}, "xla", False, "xla://"),
-    ("2.1.0", {"PJRT_DEVICE": "NEURON", "LOCAL_WORLD_SIZE": "8"}, "xla", False, "env://"),
-    ("2.1.0", {"PJRT_DEVICE": "TPU", "LOCAL_WORLD_SIZE": "1"}, "gloo", True, "env://"),
-    ("2.9.0", {"PJRT_DEVICE": "TPU", "LOCAL_WORLD_SIZE": "1"}, "gloo", True, "xla://"),
-    ("2.9.0", {"PJRT_DEVICE": "TPU", "LOCAL_WORLD_SIZE": "4"}, "gloo", False, "env://"),
-])
-def test_the_worker_joins_with_what_works_on_its_release(monkeypatch: pytest.MonkeyPatch, version: str,
-                                                         environ: dict[str, str], backend: str, spmd: bool,
-                                                         method: str) -> None:
+@pytest.mark.parametrize(
+    "version, environ, backend, spmd, method",
+    [
+        ("2.5.1", {"PJRT_DEVICE": "NEURON", "LOCAL_WORLD_SIZE": "1"}, "xla", False, "env://"),
+        ("2.7.0", {"PJRT_DEVICE": "NEURON", "LOCAL_WORLD_SIZE": "1"}, "xla", False, "xla://"),
+        ("2.1.0", {"PJRT_DEVICE": "NEURON", "LOCAL_WORLD_SIZE": "8"}, "xla", False, "env://"),
+        ("2.1.0", {"PJRT_DEVICE": "TPU", "LOCAL_WORLD_SIZE": "1"}, "gloo", True, "env://"),
+        ("2.9.0", {"PJRT_DEVICE": "TPU", "LOCAL_WORLD_SIZE": "1"}, "gloo", True, "xla://"),
+        ("2.9.0", {"PJRT_DEVICE": "TPU", "LOCAL_WORLD_SIZE": "4"}, "gloo", False, "env://"),
+    ],
+)
+def test_the_worker_joins_with_what_works_on_its_release(
+    monkeypatch: pytest.MonkeyPatch, version: str, environ: dict[str, str], backend: str, spmd: bool, method: str
+) -> None:
     monkeypatch.setattr(worker_side, "installed_version", lambda name: version)
     assert worker_side.default_init_method(backend, spmd, environ) == method
 
 
 # --- translations per release ---------------------------------------------------------------------------
 
+
 def test_tpu_before_2_4_gets_the_one_chip_world_xla_init_would_not_set() -> None:
     env = xla_env(XlaOptions("tpu", "pjrt", release=(2, 1)), nodes(2, 1, 1), 0)
-    assert {key: env[key] for key in ("TPU_VISIBLE_CHIPS", "TPU_CHIPS_PER_PROCESS_BOUNDS", "TPU_PROCESS_BOUNDS",
-                                      "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID")} == \
-        {"TPU_VISIBLE_CHIPS": "0", "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "1,1,1",
-         "TPU_PROCESS_ADDRESSES": "localhost:8476", "CLOUD_TPU_TASK_ID": "0"}
+    assert {
+        key: env[key]
+        for key in (
+            "TPU_VISIBLE_CHIPS",
+            "TPU_CHIPS_PER_PROCESS_BOUNDS",
+            "TPU_PROCESS_BOUNDS",
+            "TPU_PROCESS_ADDRESSES",
+            "CLOUD_TPU_TASK_ID",
+        )
+    } == {
+        "TPU_VISIBLE_CHIPS": "0",
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_ADDRESSES": "localhost:8476",
+        "CLOUD_TPU_TASK_ID": "0",
+    }
     later = xla_env(XlaOptions("tpu", "pjrt", release=(2, 4)), nodes(2, 1, 1), 0)
     assert not {"TPU_PROCESS_BOUNDS", "TPU_PROCESS_ADDRESSES", "CLOUD_TPU_TASK_ID"} & set(later)
 
@@ -171,8 +195,20 @@ def test_xla_use_spmd_only_where_neurons_import_time_set_up_reads_it(release, fl
 
 def test_neuron_spmd_across_nodes_counts_the_users_visible_cores() -> None:
     env = {"XLARUN_HOST_ROOT": str(HOSTS / "trn1-32xlarge"), "NEURON_RT_VISIBLE_CORES": "0-15"}
-    prepared = prepare("--dry-run", "--device", "neuron", "--spmd", "--nnodes", "2", "--node-rank", "1",
-                       "--master-addr", "10.0.0.1", "t.py", env=env)
+    prepared = prepare(
+        "--dry-run",
+        "--device",
+        "neuron",
+        "--spmd",
+        "--nnodes",
+        "2",
+        "--node-rank",
+        "1",
+        "--master-addr",
+        "10.0.0.1",
+        "t.py",
+        env=env,
+    )
     variables = prepared.device.variables(nodes(2, 1, 1), 0)
     assert variables["NEURON_PJRT_PROCESSES_NUM_DEVICES"] == "16,16"
     assert variables["NEURON_PJRT_PROCESS_INDEX"] == "1"
@@ -190,27 +226,36 @@ def test_neuron_cores_per_node_list_is_refused_past_linuxs_limit() -> None:
 
 # --- the master address -------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("argv, env, source", [
-    (["--master_addr", ""], {}, "--master-addr=''"),
-    (["--master-addr", "  "], {}, "--master-addr='  '"),
-    ([], {"PET_MASTER_ADDR": ""}, "--master-addr (from PET_MASTER_ADDR)=''"),
-])
+
+@pytest.mark.parametrize(
+    "argv, env, source",
+    [
+        (["--master_addr", ""], {}, "--master-addr=''"),
+        (["--master-addr", "  "], {}, "--master-addr='  '"),
+        ([], {"PET_MASTER_ADDR": ""}, "--master-addr (from PET_MASTER_ADDR)=''"),
+    ],
+)
 def test_an_empty_master_address_is_refused(argv: list[str], env: dict[str, str], source: str) -> None:
     assert refusal(*argv, "t.py", env=env) == f"{source} is invalid (empty): expected a host name or address"
 
 
 # --- TorchNeuron's torch pairing: the requirement in torch-neuronx's own metadata ---------------------------
 
-@pytest.mark.parametrize("metadata, requirement", [
-    ("Requires-Dist: torch==2.13.*\n", "==2.13.*"),
-    ("Requires-Dist: torch (==2.14.*)\n", "==2.14.*"),                  # the older parenthesised form
-    ("Requires-Dist: torch >=2.13, <2.15 ; python_version >= '3.10'\n", ">=2.13,<2.15"),
-    ("Requires-Dist: torch-xla==2.9.*\nRequires-Dist: torch[opt]==2.9.*\n", "==2.9.*"),
-    ("Requires-Dist: torch==2.13.*; extra == 'dev'\n", None),           # an extra's requirement is optional
-    ("Requires-Dist: numpy\n\nRequires-Dist: torch==9.9.*\n", None),      # the description is not metadata
-])
+
+@pytest.mark.parametrize(
+    "metadata, requirement",
+    [
+        ("Requires-Dist: torch==2.13.*\n", "==2.13.*"),
+        ("Requires-Dist: torch (==2.14.*)\n", "==2.14.*"),  # the older parenthesised form
+        ("Requires-Dist: torch >=2.13, <2.15 ; python_version >= '3.10'\n", ">=2.13,<2.15"),
+        ("Requires-Dist: torch-xla==2.9.*\nRequires-Dist: torch[opt]==2.9.*\n", "==2.9.*"),
+        ("Requires-Dist: torch==2.13.*; extra == 'dev'\n", None),  # an extra's requirement is optional
+        ("Requires-Dist: numpy\n\nRequires-Dist: torch==9.9.*\n", None),  # the description is not metadata
+    ],
+)
 def test_the_torch_requirement_is_read_from_the_installed_metadata(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metadata: str, requirement: str | None) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, metadata: str, requirement: str | None
+) -> None:
     folder = tmp_path / "torch_neuronx-2.13.3.0.dist-info"
     folder.mkdir()
     (folder / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch-neuronx\n{metadata}")
@@ -218,11 +263,20 @@ def test_the_torch_requirement_is_read_from_the_installed_metadata(
     assert packages.installed_torch_requirement("torch-neuronx") == requirement
 
 
-@pytest.mark.parametrize("version, specifier, meets", [
-    ("2.13.1+cpu", "==2.13.*", True), ("2.9.0", "==2.13.*", False), ("2.13.0a0+git1", "==2.13.*", True),
-    ("2.14.1", ">=2.13,<2.15", True), ("2.15.0", ">=2.13,<2.15", False), ("2.14.3", "~=2.14.0", True),
-    ("2.15.0", "~=2.14.0", False), ("2.13", "==2.13.0", True), ("2.13.2", "!=2.13.*", False),
-])
+@pytest.mark.parametrize(
+    "version, specifier, meets",
+    [
+        ("2.13.1+cpu", "==2.13.*", True),
+        ("2.9.0", "==2.13.*", False),
+        ("2.13.0a0+git1", "==2.13.*", True),
+        ("2.14.1", ">=2.13,<2.15", True),
+        ("2.15.0", ">=2.13,<2.15", False),
+        ("2.14.3", "~=2.14.0", True),
+        ("2.15.0", "~=2.14.0", False),
+        ("2.13", "==2.13.0", True),
+        ("2.13.2", "!=2.13.*", False),
+    ],
+)
 def test_a_version_meets_a_requirement_clause_by_clause(version: str, specifier: str, meets: bool) -> None:
     assert packages.satisfies(version, specifier) is meets
 
@@ -230,8 +284,12 @@ def test_a_version_meets_a_requirement_clause_by_clause(version: str, specifier:
 @pytest.mark.parametrize("torch, refused", [("2.9.0", True), ("2.13.1", False), (None, True)])
 def test_torchneuron_pairs_with_the_torch_its_package_requires(torch: str | None, refused: bool) -> None:
     lookup = {"torch_neuronx": "2.13.3.0", "torch-neuronx": "2.13.3.0", "torch": torch}.get
-    check = lambda: packages.preflight("neuron", "torchneuron", version_of=lookup,  # noqa: E731
-                                       torch_requirement_of={"torch-neuronx": "==2.13.*"}.get)
+    check = lambda: packages.preflight(
+        "neuron",
+        "torchneuron",
+        version_of=lookup,  # noqa: E731
+        torch_requirement_of={"torch-neuronx": "==2.13.*"}.get,
+    )
     if refused:
         with pytest.raises(UsageError, match=r"^torch-neuronx 2\.13\.3\.0 needs torch==2\.13\.\* \(its requirement\)"):
             check()

@@ -33,15 +33,18 @@ def add_dev_nodes(root: Path, *names: str) -> None:
         (root / "dev" / name).touch()
 
 
-@pytest.mark.parametrize("name, device, units", [
-    ("tpu-v4-vm", "tpu", 4),
-    ("trn1-32xlarge", "neuron", 32),
-    ("trn2-48xlarge", "neuron", 64),
-    ("inf2-xlarge", "neuron", 2),
-    ("nvidia-8gpu", "cuda", 8),
-    ("nvidia-container", "cuda", 2),
-    ("gce-cpu-vm", "cpu", None),
-])
+@pytest.mark.parametrize(
+    "name, device, units",
+    [
+        ("tpu-v4-vm", "tpu", 4),
+        ("trn1-32xlarge", "neuron", 32),
+        ("trn2-48xlarge", "neuron", 64),
+        ("inf2-xlarge", "neuron", 2),
+        ("nvidia-8gpu", "cuda", 8),
+        ("nvidia-container", "cuda", 2),
+        ("gce-cpu-vm", "cpu", None),
+    ],
+)
 def test_auto_finds_the_hosts_device_and_its_units(name, device, units):
     assert devices.resolve_device("auto", {}, host(name)) == device
     assert devices.local_unit_count(device, host(name)) == units
@@ -73,10 +76,19 @@ def test_probe_order_is_tpu_then_neuron_then_nvidia(tmp_path):
     assert devices.resolve_device("auto", {}, str(tmp_path)) == "tpu"
 
 
-@pytest.mark.parametrize("pjrt_device, device", [
-    ("TPU", "tpu"), ("NEURON", "neuron"), ("CUDA", "cuda"), ("GPU", "cuda"),
-    ("CPU", "cpu"), ("XPU", "xpu"), ("cpu", "cpu"), ("TPU_LEGACY", "tpu"),
-])
+@pytest.mark.parametrize(
+    "pjrt_device, device",
+    [
+        ("TPU", "tpu"),
+        ("NEURON", "neuron"),
+        ("CUDA", "cuda"),
+        ("GPU", "cuda"),
+        ("CPU", "cpu"),
+        ("XPU", "xpu"),
+        ("cpu", "cpu"),
+        ("TPU_LEGACY", "tpu"),
+    ],
+)
 def test_auto_follows_pjrt_device_over_the_hardware(pjrt_device, device):
     assert devices.resolve_device("auto", {"PJRT_DEVICE": pjrt_device}, host("tpu-v4-vm")) == device
 
@@ -114,14 +126,17 @@ def test_host_root_defaults_to_slash_and_follows_the_variable():
     assert devices.host_root({"XLARUN_HOST_ROOT": host("trn1-32xlarge")}) == host("trn1-32xlarge")
 
 
-@pytest.mark.parametrize("device, name", [("tpu", "TPU"), ("neuron", "NEURON"), ("cuda", "CUDA"),
-                                          ("cpu", "CPU"), ("xpu", "XPU")])
+@pytest.mark.parametrize(
+    "device, name", [("tpu", "TPU"), ("neuron", "NEURON"), ("cuda", "CUDA"), ("cpu", "CPU"), ("xpu", "XPU")]
+)
 def test_pjrt_device_names(device, name):
     assert devices.pjrt_device_name(device) == name
 
 
 def test_launcher_side_modules_do_not_import_torch():
-    code = ("import sys, xlarun.host.devices, xlarun.planning.packages, xlarun.runtimes; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_xla')))")
+    code = (
+        "import sys, xlarun.host.devices, xlarun.planning.packages, xlarun.runtimes; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'torch_xla')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"

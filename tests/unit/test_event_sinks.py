@@ -17,22 +17,41 @@ from xlarun.supervision.metrics import MetricsTextfile
 from xlarun.supervision.systemd import SystemdNotify, socket_address
 from xlarun.supervision.torchrun_events import TorchrunConsoleSink, TorchrunIdentity
 
-IDENTITY = TorchrunIdentity(role="trainer", entry_point="python3", rdzv_backend="c10d", max_restarts=1,
-                            nproc_per_node=2)
+IDENTITY = TorchrunIdentity(
+    role="trainer", entry_point="python3", rdzv_backend="c10d", max_restarts=1, nproc_per_node=2
+)
 
 
 def event(name: str, attempt: int = 0, time: float = 1000.0, **attributes: object) -> Event:
-    return Event(name=name, time=time, seq=0, attempt=attempt, attributes=attributes, run_id="job 1", node_rank=0,
-                 host="h")
+    return Event(
+        name=name, time=time, seq=0, attempt=attempt, attributes=attributes, run_id="job 1", node_rank=0, host="h"
+    )
 
 
 def exited(rank: int, code: int, expected: bool) -> Event:
     """As the agent tells it: a signal by its name, the exit code then null."""
     signal_name = signal.Signals(-code).name if code < 0 else None
-    attributes = {"rank": rank, "local_rank": rank, "process.pid": 100 + rank,
-                  "process.exit.code": None if signal_name else code, "error.type": None, "signal": signal_name, "expected": expected, "peak_rss_mib": 12.5, "cpu_s": 0.1}
-    return Event(name="worker.exited", time=1002.5, seq=0, attempt=0, attributes=attributes, run_id="job 1",
-                 node_rank=0, host="h")
+    attributes = {
+        "rank": rank,
+        "local_rank": rank,
+        "process.pid": 100 + rank,
+        "process.exit.code": None if signal_name else code,
+        "error.type": None,
+        "signal": signal_name,
+        "expected": expected,
+        "peak_rss_mib": 12.5,
+        "cpu_s": 0.1,
+    }
+    return Event(
+        name="worker.exited",
+        time=1002.5,
+        seq=0,
+        attempt=0,
+        attributes=attributes,
+        run_id="job 1",
+        node_rank=0,
+        host="h",
+    )
 
 
 def run_of(events: list[Event]) -> list[dict]:
@@ -49,46 +68,95 @@ def started(rank: int, attempt: int = 0) -> Event:
 
 
 def test_torchrun_lines_of_a_failed_group() -> None:
-    lines = run_of([event("launch.started"), event("rendezvous.completed", round=0, members=1, duration_s=0.25),
-                    started(0), started(1), exited(1, 3, False), exited(0, -15, True),
-                    event("launch.finished", time=1003.0, result="failed", **{"process.exit.code": 3})])
+    lines = run_of(
+        [
+            event("launch.started"),
+            event("rendezvous.completed", round=0, members=1, duration_s=0.25),
+            started(0),
+            started(1),
+            exited(1, 3, False),
+            exited(0, -15, True),
+            event("launch.finished", time=1003.0, result="failed", **{"process.exit.code": 3}),
+        ]
+    )
     assert [(line["name"].rsplit(".", 1)[1], line["source"], line["metadata"]["global_rank"]) for line in lines] == [
-        ("RENDEZVOUS", "AGENT", None), ("ASSIGN_WORKER_RANKS", "AGENT", None), ("START", "WORKER", 0),
-        ("START", "WORKER", 1), ("TERMINATED", "WORKER", 0), ("FAILED", "WORKER", 1), ("SUCCEEDED", "AGENT", None)]
+        ("RENDEZVOUS", "AGENT", None),
+        ("ASSIGN_WORKER_RANKS", "AGENT", None),
+        ("START", "WORKER", 0),
+        ("START", "WORKER", 1),
+        ("TERMINATED", "WORKER", 0),
+        ("FAILED", "WORKER", 1),
+        ("SUCCEEDED", "AGENT", None),
+    ]
     assert lines[0]["timestamp"] == 1000000 and lines[0]["metadata"]["duration_ms"] == 250.0
     failed = lines[5]["metadata"]
-    assert json.loads(failed["metadata"]) == {"group_world_size": 1, "entry_point": "python3", "local_rank": [1],
-                                              "role_rank": [1], "role_world_size": [2], "exit_code": [3],
-                                              "worker_pid": [101]}
+    assert json.loads(failed["metadata"]) == {
+        "group_world_size": 1,
+        "entry_point": "python3",
+        "local_rank": [1],
+        "role_rank": [1],
+        "role_world_size": [2],
+        "exit_code": [3],
+        "worker_pid": [101],
+    }
     assert json.loads(failed["raw_error"])["message"] == "<NONE>"
     assert json.loads(lines[4]["metadata"]["metadata"])["exit_code"] == [None]  # a TERMINATED worker has none
-    assert (failed["worker_id"], failed["role"], failed["run_id"], failed["total_run_time"]) == ("101", "trainer",
-                                                                                                "job 1", 3)
+    assert (failed["worker_id"], failed["role"], failed["run_id"], failed["total_run_time"]) == (
+        "101",
+        "trainer",
+        "job 1",
+        3,
+    )
 
 
 def test_torchrun_lines_after_a_restart_tell_only_the_last_attempts_ends() -> None:
-    lines = run_of([event("rendezvous.completed", round=0, members=1, duration_s=0.1), started(0), started(1),
-                    exited(0, 5, False), exited(1, -15, True), event("restart", restarts_left=0, admitting=False),
-                    event("rendezvous.completed", 1, round=1, members=1, duration_s=0.1), started(0, 1),
-                    started(1, 1), exited(0, 0, True), exited(1, 0, True),
-                    event("launch.finished", 1, result="succeeded", **{"process.exit.code": 0})])
+    lines = run_of(
+        [
+            event("rendezvous.completed", round=0, members=1, duration_s=0.1),
+            started(0),
+            started(1),
+            exited(0, 5, False),
+            exited(1, -15, True),
+            event("restart", restarts_left=0, admitting=False),
+            event("rendezvous.completed", 1, round=1, members=1, duration_s=0.1),
+            started(0, 1),
+            started(1, 1),
+            exited(0, 0, True),
+            exited(1, 0, True),
+            event("launch.finished", 1, result="succeeded", **{"process.exit.code": 0}),
+        ]
+    )
     states = [line["metadata"]["state"] for line in lines]
     assert states == ["RENDEZVOUS", "ASSIGN_WORKER_RANKS", "START", "START"] * 2 + ["SUCCEEDED"] * 3
     assert [line["metadata"]["agent_restarts"] for line in lines] == [0] * 4 + [1] * 7
 
 
 def test_torchrun_agent_fails_alone_when_a_signal_ends_the_run() -> None:
-    lines = run_of([event("rendezvous.completed", round=0, members=1, duration_s=0.1), started(0), started(1),
-                    exited(0, -15, True), exited(1, -15, True),
-                    event("launch.finished", result="signalled", **{"process.exit.code": 143})])
+    lines = run_of(
+        [
+            event("rendezvous.completed", round=0, members=1, duration_s=0.1),
+            started(0),
+            started(1),
+            exited(0, -15, True),
+            exited(1, -15, True),
+            event("launch.finished", result="signalled", **{"process.exit.code": 143}),
+        ]
+    )
     assert [line["metadata"]["state"] for line in lines][-1:] == ["FAILED"]
     assert lines[-1]["source"] == "AGENT" and len(lines) == 5  # the rendezvous pair, two starts, the agent
 
 
 def test_torchrun_workers_of_a_hung_group_read_terminated() -> None:
-    lines = run_of([event("rendezvous.completed", round=0, members=1, duration_s=0.1), started(0), started(1),
-                    exited(0, -15, True), exited(1, -15, True),
-                    event("launch.finished", result="hung", **{"process.exit.code": 124})])
+    lines = run_of(
+        [
+            event("rendezvous.completed", round=0, members=1, duration_s=0.1),
+            started(0),
+            started(1),
+            exited(0, -15, True),
+            exited(1, -15, True),
+            event("launch.finished", result="hung", **{"process.exit.code": 124}),
+        ]
+    )
     assert [line["metadata"]["state"] for line in lines][4:] == ["TERMINATED", "TERMINATED", "SUCCEEDED"]
 
 
@@ -96,8 +164,16 @@ def test_metrics_exposition_parses_and_escapes_labels(tmp_path: Path) -> None:
     parser = pytest.importorskip("prometheus_client.parser")
     path = tmp_path / "new" / "m.prom"
     sink = MetricsTextfile(str(path))
-    odd = Event(name="worker.started", time=5.0, seq=1, attempt=0, attributes={"rank": 0, "local_rank": 0},
-                run_id='a "b"\\c\nd', node_rank=None, host="h")
+    odd = Event(
+        name="worker.started",
+        time=5.0,
+        seq=1,
+        attempt=0,
+        attributes={"rank": 0, "local_rank": 0},
+        run_id='a "b"\\c\nd',
+        node_rank=None,
+        host="h",
+    )
     sink.handle(odd)
     families = {family.name: family for family in parser.text_string_to_metric_families(path.read_text())}
     [sample] = families["xlarun_workers_running"].samples
@@ -117,8 +193,14 @@ def test_ready_goes_once_when_every_worker_of_the_node_started() -> None:
         receiver = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         receiver.bind(os.path.join(directory, "n"))
         sink = SystemdNotify(os.path.join(directory, "n"), nproc_per_node=2)
-        for each in (started(0), started(1), exited(0, 1, False), event("restart", restarts_left=0), started(0, 1),
-                     started(1, 1)):
+        for each in (
+            started(0),
+            started(1),
+            exited(0, 1, False),
+            event("restart", restarts_left=0),
+            started(0, 1),
+            started(1, 1),
+        ):
             sink.handle(each)
         sink.close()
         receiver.setblocking(False)
@@ -128,8 +210,14 @@ def test_ready_goes_once_when_every_worker_of_the_node_started() -> None:
 
 
 def test_a_killed_worker_reads_as_torchrun_and_python_tell_it(tmp_path: Path) -> None:
-    killed = [event("rendezvous.completed", round=0, members=1, duration_s=0.1), started(0), started(1), exited(0, -9, False), exited(1, 0, True),
-              event("launch.finished", result="failed", **{"process.exit.code": 137})]
+    killed = [
+        event("rendezvous.completed", round=0, members=1, duration_s=0.1),
+        started(0),
+        started(1),
+        exited(0, -9, False),
+        exited(1, 0, True),
+        event("launch.finished", result="failed", **{"process.exit.code": 137}),
+    ]
     failed = run_of(killed)[4]["metadata"]
     assert failed["state"] == "FAILED" and json.loads(failed["metadata"])["exit_code"] == [-9]
     assert json.loads(failed["raw_error"]) == {"message": "<NONE>"}

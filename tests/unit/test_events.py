@@ -117,34 +117,63 @@ def test_no_sink_no_thread_and_emitting_is_free() -> None:
 
 
 def test_a_launch_without_an_event_log_loads_no_sink() -> None:
-    loaded = subprocess.run([sys.executable, "-c", "import sys, xlarun.cli.launch\n"
-                             "print(*sorted(m for m in sys.modules if m.startswith('xlarun.supervision')))"],
-                            capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, xlarun.cli.launch\n"
+            "print(*sorted(m for m in sys.modules if m.startswith('xlarun.supervision')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    ).stdout.split()
     assert "xlarun.supervision.events" in loaded and "xlarun.supervision.eventlog" not in loaded
 
 
-@pytest.mark.parametrize(("value", "trace_id"), [
-    ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "4bf92f3577b34da6a3ce929d0e0e4736"),
-    ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),  # all zeros: invalid (W3C)
-    ("garbage", None),
-    ("", None),
-])
+@pytest.mark.parametrize(
+    ("value", "trace_id"),
+    [
+        ("00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01", "4bf92f3577b34da6a3ce929d0e0e4736"),
+        ("00-00000000000000000000000000000000-00f067aa0ba902b7-01", None),  # all zeros: invalid (W3C)
+        ("garbage", None),
+        ("", None),
+    ],
+)
 def test_the_trace_id_comes_from_traceparent(value: str, trace_id: str | None) -> None:
     assert trace_id_of({"TRACEPARENT": value}) == trace_id
 
 
 def event(**attributes: object) -> Event:
-    return Event(name="worker.exited", time=1764640780.850442, seq=7, attempt=1, attributes=attributes,
-                 run_id="job", node_rank=0, host="h", trace_id=None)
+    return Event(
+        name="worker.exited",
+        time=1764640780.850442,
+        seq=7,
+        attempt=1,
+        attributes=attributes,
+        run_id="job",
+        node_rank=0,
+        host="h",
+        trace_id=None,
+    )
 
 
 def test_a_line_is_one_json_object_with_an_rfc3339_utc_time() -> None:
     line = line_of(event(**{"process.exit.code": 0, "rank": 1}))
     assert line.endswith(b"\n") and line.count(b"\n") == 1
-    assert json.loads(line) == {"schema_version": 1, "seq": 7, "time": "2025-12-02T01:59:40.850442Z",
-                                "run_id": "job", "node_rank": 0, "host": "h", "attempt": 1,
-                                "name": "worker.exited", "trace_id": None,
-                                "attributes": {"process.exit.code": 0, "rank": 1}}
+    assert json.loads(line) == {
+        "schema_version": 1,
+        "seq": 7,
+        "time": "2025-12-02T01:59:40.850442Z",
+        "run_id": "job",
+        "node_rank": 0,
+        "host": "h",
+        "attempt": 1,
+        "name": "worker.exited",
+        "trace_id": None,
+        "attributes": {"process.exit.code": 0, "rank": 1},
+    }
 
 
 def test_lines_are_appended_to_what_the_file_held(tmp_path: Path) -> None:

@@ -22,8 +22,11 @@ def test_a_teardown_sends_sigterm_until_the_launcher_is_sent_a_stop_signal() -> 
     assert stopping.seconds_left(100.0) == 30.0 and not stopping.due(100.0) and stopping.due(130.0)
     # Ctrl-C during a failure's teardown: passed on, with the grace started anew; the cause stays.
     interrupted = stopping.signalled(signal.SIGINT, deadline=160.0)
-    assert (interrupted.signal, interrupted.launcher_signal, interrupted.deadline) == (signal.SIGINT, signal.SIGINT,
-                                                                                        160.0)
+    assert (interrupted.signal, interrupted.launcher_signal, interrupted.deadline) == (
+        signal.SIGINT,
+        signal.SIGINT,
+        160.0,
+    )
     assert interrupted.cause is Cause.ENDED and stopping.signal == signal.SIGTERM  # the old value is unchanged
     # A second one: SIGKILL now, and once it went out there is nothing left to wait for.
     hurried = interrupted.hurried(now=140.0)
@@ -152,6 +155,9 @@ def test_a_busy_group_is_counted_at_each_check_and_named_in_one_line(cpu: dict[i
         for rank in cpu:
             cpu[rank] += watch.confirm
         assert watch.check() is Verdict.BUSY and watch.busy_checks == checks
-    ranks = "local rank 0 made no progress for 30 s but uses" if len(cpu) == 1 else \
-        "local ranks 0-1,3 made no progress for 30 s but use"
+    ranks = (
+        "local rank 0 made no progress for 30 s but uses"
+        if len(cpu) == 1
+        else "local ranks 0-1,3 made no progress for 30 s but use"
+    )
     assert busy_notice(watch) == f"{ranks} the CPU (an XLA compile?): not hung; the run goes on"

@@ -48,19 +48,26 @@ def test_the_main_thread_is_the_last_one_listed() -> None:
 
 def test_where_names_the_innermost_function_at_the_users_innermost_line() -> None:
     assert where(DUMP) == "all_reduce (train.py:20)"
-    assert where('Current thread 0x1 (most recent call first):\n  File "train.py", line 11 in load_batch\n') == \
-        "load_batch (train.py:11)"
+    assert (
+        where('Current thread 0x1 (most recent call first):\n  File "train.py", line 11 in load_batch\n')
+        == "load_batch (train.py:11)"
+    )
     # Nothing of the user's on the stack: the innermost frame, wherever it is.
-    assert where('Thread 0x1 (most recent call first):\n  File "<frozen runpy>", line 88 in _run_code\n') == \
-        "_run_code (<frozen runpy>:88)"
+    assert (
+        where('Thread 0x1 (most recent call first):\n  File "<frozen runpy>", line 88 in _run_code\n')
+        == "_run_code (<frozen runpy>:88)"
+    )
     assert where("") == UNKNOWN
 
 
 def test_positions_put_the_odd_ones_first() -> None:
-    positions = {0: "all_reduce (train.py:20)", 1: "all_reduce (train.py:20)", 2: "load_batch (train.py:11)",
-                 3: "all_reduce (train.py:20)"}
-    assert describe_positions(positions) == ("rank 2: load_batch (train.py:11) · "
-                                             "ranks 0-1,3: all_reduce (train.py:20)")
+    positions = {
+        0: "all_reduce (train.py:20)",
+        1: "all_reduce (train.py:20)",
+        2: "load_batch (train.py:11)",
+        3: "all_reduce (train.py:20)",
+    }
+    assert describe_positions(positions) == ("rank 2: load_batch (train.py:11) · ranks 0-1,3: all_reduce (train.py:20)")
     assert rank_ranges([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8"
 
 
@@ -152,11 +159,16 @@ def test_stacks_arguments() -> None:
 
 def test_the_hook_comes_first_on_the_pythonpath() -> None:
     assert hook_variables("/logs/0/stacks.txt", {}) == {
-        STACKS_VARIABLE: f"{int(STACKS_SIGNAL)}:/logs/0/stacks.txt", "PYTHONPATH": HOOK_DIRECTORY}
+        STACKS_VARIABLE: f"{int(STACKS_SIGNAL)}:/logs/0/stacks.txt",
+        "PYTHONPATH": HOOK_DIRECTORY,
+    }
     assert hook_variables("/s", {"PYTHONPATH": "/opt/a:/opt/b"})["PYTHONPATH"] == f"{HOOK_DIRECTORY}:/opt/a:/opt/b"
     assert os.path.isfile(os.path.join(HOOK_DIRECTORY, "sitecustomize.py"))
-    assert os.listdir(HOOK_DIRECTORY) in (["sitecustomize.py"], ["sitecustomize.py", "__pycache__"],
-                                          ["__pycache__", "sitecustomize.py"])
+    assert os.listdir(HOOK_DIRECTORY) in (
+        ["sitecustomize.py"],
+        ["sitecustomize.py", "__pycache__"],
+        ["__pycache__", "sitecustomize.py"],
+    )
 
 
 def fake_proc(tmp_path: Path, cgroup: str, mountinfo: str) -> Path:
@@ -167,19 +179,32 @@ def fake_proc(tmp_path: Path, cgroup: str, mountinfo: str) -> Path:
     return proc
 
 
-@pytest.mark.parametrize(("cgroup", "mountinfo", "expected"), [
-    # cgroup v1, as on this kind of host: the memory hierarchy mounted at its root.
-    ("4:memory:/job/7\n0::/\n", "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n",
-     "/sys/fs/cgroup/memory/job/7"),
-    # A container's view: the hierarchy mounted from the container's own group.
-    ("4:memory:/kubepods/pod1/c2\n", "35 31 0:32 /kubepods/pod1/c2 /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",
-     "/sys/fs/cgroup/memory"),
-    # cgroup v2.
-    ("0::/user.slice/job\n", "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n",
-     "/sys/fs/cgroup/user.slice/job"),
-])
-def test_the_memory_cgroup_is_found_where_it_is_mounted(tmp_path: Path, cgroup: str, mountinfo: str,
-                                                        expected: str) -> None:
+@pytest.mark.parametrize(
+    ("cgroup", "mountinfo", "expected"),
+    [
+        # cgroup v1, as on this kind of host: the memory hierarchy mounted at its root.
+        (
+            "4:memory:/job/7\n0::/\n",
+            "35 31 0:32 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n",
+            "/sys/fs/cgroup/memory/job/7",
+        ),
+        # A container's view: the hierarchy mounted from the container's own group.
+        (
+            "4:memory:/kubepods/pod1/c2\n",
+            "35 31 0:32 /kubepods/pod1/c2 /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory\n",
+            "/sys/fs/cgroup/memory",
+        ),
+        # cgroup v2.
+        (
+            "0::/user.slice/job\n",
+            "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw\n",
+            "/sys/fs/cgroup/user.slice/job",
+        ),
+    ],
+)
+def test_the_memory_cgroup_is_found_where_it_is_mounted(
+    tmp_path: Path, cgroup: str, mountinfo: str, expected: str
+) -> None:
     assert oom.memory_cgroup_directory(str(fake_proc(tmp_path, cgroup, mountinfo))) == expected
 
 

@@ -63,8 +63,19 @@ MALFORMED = [
     ("n[[1-2]", "ranges do not nest"),
     (f"a[0-{MAX_HOSTS_PER_RANGE}]", "Slurm's limit"),
 ]
-SLURM_REFUSES = ["n[1-3]x", "n[1-2]-x,m", "n[3-1]", "n[]", "n[1,,2]", "n[a-b]", "n[-2]", "n[1-2-3]",
-                 "n[0x1-3]", "n[1-2]]", f"a[0-{MAX_HOSTS_PER_RANGE}]"]
+SLURM_REFUSES = [
+    "n[1-3]x",
+    "n[1-2]-x,m",
+    "n[3-1]",
+    "n[]",
+    "n[1,,2]",
+    "n[a-b]",
+    "n[-2]",
+    "n[1-2-3]",
+    "n[0x1-3]",
+    "n[1-2]]",
+    f"a[0-{MAX_HOSTS_PER_RANGE}]",
+]
 
 
 @pytest.mark.parametrize("text, hosts", SLURM_EXPANSIONS)
@@ -109,8 +120,13 @@ def test_first_host_does_not_expand_the_list():
 def scontrol_hostnames(config, text):
     scontrol = shutil.which("scontrol")
     assert scontrol is not None, "the callers skip where Slurm's scontrol is not installed"
-    shown = subprocess.run([scontrol, "show", "hostnames", text], capture_output=True,
-                           text=True, env={"SLURM_CONF": str(config)}, check=True)
+    shown = subprocess.run(
+        [scontrol, "show", "hostnames", text],
+        capture_output=True,
+        text=True,
+        env={"SLURM_CONF": str(config)},
+        check=True,
+    )
     return None if "Invalid hostlist" in shown.stdout + shown.stderr else shown.stdout.split()
 
 
@@ -120,8 +136,9 @@ def test_agrees_with_scontrol(tmp_path):
         (pytest.fail if os.environ.get("CI") else pytest.skip)("Slurm's scontrol is not installed")
     # scontrol needs a configuration to start, not a running cluster, to expand host lists.
     config = tmp_path / "slurm.conf"
-    config.write_text("ClusterName=hostlists\nSlurmctldHost=localhost\n"
-                      "NodeName=h1 CPUs=1\nPartitionName=p Nodes=h1 Default=YES\n")
+    config.write_text(
+        "ClusterName=hostlists\nSlurmctldHost=localhost\nNodeName=h1 CPUs=1\nPartitionName=p Nodes=h1 Default=YES\n"
+    )
     for text, hosts in SLURM_EXPANSIONS:
         if hosts:
             assert scontrol_hostnames(config, text) == hosts, text

@@ -64,8 +64,10 @@ def imported_modules(path: Path, root: Path) -> set[str]:
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.update(f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}", root)
-                         else node.module for alias in node.names)
+            found.update(
+                f"{node.module}.{alias.name}" if is_module(f"{node.module}.{alias.name}", root) else node.module
+                for alias in node.names
+            )
     return {name for name in found if name == "xlarun" or name.startswith("xlarun.")}
 
 
@@ -98,9 +100,17 @@ def test_at_most_a_dozen_modules_sit_directly_under_the_package() -> None:
 
 
 def test_the_worker_group_loads_neither_the_option_table_nor_a_runtime() -> None:
-    loaded = subprocess.run([sys.executable, "-c", "import sys, xlarun.supervision.group\n"
-                             "print(*sorted(m for m in sys.modules if m.startswith('xlarun')))"],
-                            capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, xlarun.supervision.group\nprint(*sorted(m for m in sys.modules if m.startswith('xlarun')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    ).stdout.split()
     assert "xlarun.supervision.group" in loaded
     assert len(loaded) <= 12, loaded
     assert [name for name in loaded if name.startswith(("xlarun.cli", "xlarun.runtimes", "xlarun.planning"))] == []
@@ -108,9 +118,17 @@ def test_the_worker_group_loads_neither_the_option_table_nor_a_runtime() -> None
 
 def test_a_worker_loads_no_planning_module() -> None:
     # What a worker shares with the launcher is the contract (xlarun.contract), not the launcher's plan.
-    loaded = subprocess.run([sys.executable, "-c", "import sys, xlarun.worker\n"
-                             "print(*sorted(m for m in sys.modules if m.startswith('xlarun')))"],
-                            capture_output=True, text=True, check=True, cwd=REPO).stdout.split()
+    loaded = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys, xlarun.worker\nprint(*sorted(m for m in sys.modules if m.startswith('xlarun')))",
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+    ).stdout.split()
     assert "xlarun.worker" in loaded and "xlarun.contract" in loaded
     assert [name for name in loaded if name.startswith(("xlarun.planning", "xlarun.cli", "xlarun.supervision"))] == []
 

@@ -16,22 +16,39 @@ from xlarun.cli.options import read_options
 
 
 def test_options_are_the_command_lines_text() -> None:
-    given = given_options({"nproc_per_node": 4, "standalone": True, "monitor_interval": 0.5, "tee": None,
-                           "local_ranks_filter": [0, 2], "rdzv_conf": {"join_timeout": 60, "read_timeout": 5}})
-    assert given == {"nproc_per_node": "4", "standalone": "1", "monitor_interval": "0.5", "local_ranks_filter": "0,2",
-                     "rdzv_conf": "join_timeout=60,read_timeout=5"}
+    given = given_options(
+        {
+            "nproc_per_node": 4,
+            "standalone": True,
+            "monitor_interval": 0.5,
+            "tee": None,
+            "local_ranks_filter": [0, 2],
+            "rdzv_conf": {"join_timeout": 60, "read_timeout": 5},
+        }
+    )
+    assert given == {
+        "nproc_per_node": "4",
+        "standalone": "1",
+        "monitor_interval": "0.5",
+        "local_ranks_filter": "0,2",
+        "rdzv_conf": "join_timeout=60,read_timeout=5",
+    }
     values = read_options(given, {})
     assert values["nproc_per_node"].count == 4 and values["standalone"] is True
     assert values["rdzv_conf"] == {"join_timeout": "60", "read_timeout": "5"}
     assert given_options({"standalone": False}) == {"standalone": "0"}
 
 
-@pytest.mark.parametrize(("options", "message"), [
-    ({"nproc_pre_node": 2}, "unknown option nproc_pre_node= (xlarun.launch takes the command line's options"),
-    ({"standalone": 1}, "--standalone is a switch: give standalone=True or False, not 1"),
-])
-def test_an_option_the_table_lacks_or_a_switch_given_a_value_is_refused(options: dict[str, object],
-                                                                      message: str) -> None:
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"nproc_pre_node": 2}, "unknown option nproc_pre_node= (xlarun.launch takes the command line's options"),
+        ({"standalone": 1}, "--standalone is a switch: give standalone=True or False, not 1"),
+    ],
+)
+def test_an_option_the_table_lacks_or_a_switch_given_a_value_is_refused(
+    options: dict[str, object], message: str
+) -> None:
     with pytest.raises(ValueError) as refused:
         given_options(options)
     assert str(refused.value).startswith(message)
@@ -58,10 +75,13 @@ def test_a_stream_object_is_no_descriptor() -> None:
 
 
 def test_importing_xlarun_loads_no_launcher_until_launch_is_touched() -> None:
-    code = ("import sys, xlarun\n"
-            "before = sorted(m for m in sys.modules if m.startswith(('xlarun.cli', 'xlarun.supervision')))\n"
-            "xlarun.launch\n"
-            "print(before, 'xlarun.cli.library' in sys.modules, 'torch' in sys.modules)")
-    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
-                            cwd=REPO).stdout.split()
+    code = (
+        "import sys, xlarun\n"
+        "before = sorted(m for m in sys.modules if m.startswith(('xlarun.cli', 'xlarun.supervision')))\n"
+        "xlarun.launch\n"
+        "print(before, 'xlarun.cli.library' in sys.modules, 'torch' in sys.modules)"
+    )
+    loaded = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout.split()
     assert loaded == ["[]", "True", "False"]

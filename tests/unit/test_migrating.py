@@ -19,14 +19,16 @@ def table_rows() -> list[str]:
 
 def named_in(row: str, spelling: str) -> bool:
     """The row names the flag in a code span: `--tee`, `-t/--tee`, `--tee 3` (not `--tee-x`)."""
-    return any(re.search(rf"(^|[\s/]){re.escape(spelling)}($|[\s=/])", span)
-               for span in re.findall(r"`([^`]+)`", row))
+    return any(re.search(rf"(^|[\s/]){re.escape(spelling)}($|[\s=/])", span) for span in re.findall(r"`([^`]+)`", row))
 
 
 def test_every_flag_is_in_a_table_of_the_migration_page() -> None:
     rows = table_rows()
-    missing = [option.spellings[0] for option in OPTIONS
-               if not any(named_in(row, spelling) for row in rows for spelling in option.spellings)]
+    missing = [
+        option.spellings[0]
+        for option in OPTIONS
+        if not any(named_in(row, spelling) for row in rows for spelling in option.spellings)
+    ]
     assert missing == []
 
 

@@ -23,7 +23,7 @@ MODULE = re.compile(r"(?<![\w/.])(\w+\.py)\b")
 def module_map() -> list[str]:
     text = CONTRIBUTING.read_text()
     start = text.index("```\nxlarun/") + 4
-    return text[start:text.index("```", start)].splitlines()
+    return text[start : text.index("```", start)].splitlines()
 
 
 def indent(line: str) -> int:
@@ -85,6 +85,7 @@ def test_the_map_names_every_module_and_folder_where_it_stands() -> None:
 def test_the_map_names_nothing_that_is_gone() -> None:
     described, real = mapped(module_map(), 0), on_disk()
     gone = [f"xlarun/{folder}" for folder in described if folder not in real]
-    gone += [f"xlarun/{folder}{name}" for folder in described if folder in real
-             for name in described[folder] - real[folder]]
+    gone += [
+        f"xlarun/{folder}{name}" for folder in described if folder in real for name in described[folder] - real[folder]
+    ]
     assert not gone, f"in CONTRIBUTING.md's module map, but not in the package: {sorted(gone)}"

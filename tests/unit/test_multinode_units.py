@@ -105,12 +105,34 @@ def test_every_node_gets_its_seat_from_the_leader_in_node_rank_order() -> None:
     def lead(records: list[Member]) -> list[Seat]:
         assert records == [members[0], members[1], members[2]]
         offsets = [0, 1, 4]
-        return [Seat(attempt=0, node_rank=rank, nnodes=3, rank_offset=offsets[rank], world_size=5, master_addr="a",
-                     master_port=1, store_node=0, change="") for rank in range(3)]
+        return [
+            Seat(
+                attempt=0,
+                node_rank=rank,
+                nnodes=3,
+                rank_offset=offsets[rank],
+                world_size=5,
+                master_addr="a",
+                master_port=1,
+                store_node=0,
+                change="",
+            )
+            for rank in range(3)
+        ]
 
     def node(rank: int) -> None:
-        seats[rank] = take_seat(store, "attempt_0/", rank, 3, members[rank], lead, time.monotonic() + 30,
-                                StatusLine(), "waiting for nodes", "joined")
+        seats[rank] = take_seat(
+            store,
+            "attempt_0/",
+            rank,
+            3,
+            members[rank],
+            lead,
+            time.monotonic() + 30,
+            StatusLine(),
+            "waiting for nodes",
+            "joined",
+        )
 
     threads = [threading.Thread(target=node, args=(rank,)) for rank in (2, 0, 1)]
     for thread in threads:
@@ -118,8 +140,11 @@ def test_every_node_gets_its_seat_from_the_leader_in_node_rank_order() -> None:
     for thread in threads:
         thread.join()
 
-    assert [(seats[rank].node_rank, seats[rank].rank_offset, seats[rank].world_size) for rank in range(3)] == \
-        [(0, 0, 5), (1, 1, 5), (2, 4, 5)]
+    assert [(seats[rank].node_rank, seats[rank].rank_offset, seats[rank].world_size) for rank in range(3)] == [
+        (0, 0, 5),
+        (1, 1, 5),
+        (2, 4, 5),
+    ]
 
 
 def test_nodes_with_places_in_a_tpu_slice_are_ranked_by_them_not_by_the_rounds_order() -> None:
@@ -128,8 +153,11 @@ def test_nodes_with_places_in_a_tpu_slice_are_ranked_by_them_not_by_the_rounds_o
     # The round's order: host-c, host-a, host-b; their worker numbers in the slice: 2, 0, 1.
     members = [Member(9, "host-c", 4, place=2), Member(7, "host-a", 4, place=0), Member(3, "host-b", 4, place=1)]
     seats = seat_attempt(store, KEYS, 0, members, "host-c", 1234)
-    assert [(seat.node_rank, seat.rank_offset, seat.world_size) for seat in seats] == [(2, 8, 12), (0, 0, 12),
-                                                                                        (1, 4, 12)]
+    assert [(seat.node_rank, seat.rank_offset, seat.world_size) for seat in seats] == [
+        (2, 8, 12),
+        (0, 0, 12),
+        (1, 4, 12),
+    ]
     assert [member.host for member in read_roster(store, KEYS, 0).members] == ["host-a", "host-b", "host-c"]
     assert seats[0].store_node == 2
     # Without a place for every node the round's order stands; the job's start is set once, for every attempt.
@@ -204,8 +232,10 @@ def test_a_silent_node_is_declared_lost_once_and_its_rank_set_free() -> None:
         wait_until(lambda: store.check([KEYS.attempt(0, "end")]), "the monitor to end the attempt")
 
     lost = LostNode(node_rank=1, host="b", silent_for=0.25)
-    assert lost.message == ("node 1 (b) stopped responding: no heartbeat for 0.25 s "
-                            "(its launcher is gone, or its host stopped or was cut off)")
+    assert lost.message == (
+        "node 1 (b) stopped responding: no heartbeat for 0.25 s "
+        "(its launcher is gone, or its host stopped or was cut off)"
+    )
     assert News.decode(store.get(KEYS.attempt(0, "end"))) == News("lost", lost.message)
     # Silent before the attempt ended: the root cause, for every node's report.
     assert LostNode.from_json(store.get(KEYS.attempt(0, "lost"))) == lost
@@ -279,8 +309,9 @@ def test_a_store_that_fails_or_hangs_a_heartbeat_is_reported_lost_once(failure: 
         store.add = None  # type: ignore[method-assign,assignment]
     else:
         store.hang.set()
-    beat = Heartbeat(store, KEYS.heartbeat(1), interval=0.02, limit=0.2, on_lost=lost.append,
-                     watchdog=Watchdog(check_interval=0.05))
+    beat = Heartbeat(
+        store, KEYS.heartbeat(1), interval=0.02, limit=0.2, on_lost=lost.append, watchdog=Watchdog(check_interval=0.05)
+    )
     beat.start()
     wait_until(lambda: lost, "the heartbeat to report the store lost")
     # Past the watchdog's next looks: the loss is reported once.
@@ -295,14 +326,24 @@ def test_a_store_that_fails_or_hangs_a_heartbeat_is_reported_lost_once(failure: 
 
 
 def test_the_seat_round_trips_through_the_store() -> None:
-    seat = Seat(attempt=2, node_rank=1, nnodes=3, rank_offset=4, world_size=9, master_addr="10.0.0.1",
-                master_port=41000, store_node=None, change="node 2 (c) left")
+    seat = Seat(
+        attempt=2,
+        node_rank=1,
+        nnodes=3,
+        rank_offset=4,
+        world_size=9,
+        master_addr="10.0.0.1",
+        master_port=41000,
+        store_node=None,
+        change="node 2 (c) left",
+    )
     assert Seat.decode(seat.encode().encode()) == seat
     assert json.loads(seat.encode())["store_node"] is None
 
 
-@pytest.mark.parametrize("raw", [b"\xff\xfe", b"{}", b'{"kind": "reboot", "reason": "x"}', b'{"kind": "hung", "reason": 3}',
-                                 b"[1, 2"])
+@pytest.mark.parametrize(
+    "raw", [b"\xff\xfe", b"{}", b'{"kind": "reboot", "reason": "x"}', b'{"kind": "hung", "reason": 3}', b"[1, 2"]
+)
 def test_an_end_record_xlarun_did_not_write_stops_the_attempt_and_says_so(raw: bytes) -> None:
     news = News.decode(raw)
 
@@ -316,9 +357,16 @@ def test_a_forged_hang_reaches_no_terminal_raw() -> None:
     assert news == News("hung", r"node 1: \x1b]0;owned\x07\x1b[2J")
 
 
-@pytest.mark.parametrize("raw", [b"\xff", b"{}", b'{"node_rank": "x", "host": "h", "silent_for": 3}',
-                                 b'{"node_rank": 1, "host": 5, "silent_for": 3}',
-                                 b'{"node_rank": 1, "host": "h", "silent_for": NaN}'])
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"\xff",
+        b"{}",
+        b'{"node_rank": "x", "host": "h", "silent_for": 3}',
+        b'{"node_rank": 1, "host": 5, "silent_for": 3}',
+        b'{"node_rank": 1, "host": "h", "silent_for": NaN}',
+    ],
+)
 def test_a_lost_node_record_xlarun_did_not_write_is_refused(raw: bytes) -> None:
     with pytest.raises(ValueError, match="not a lost node's record"):
         LostNode.from_json(raw)
@@ -332,20 +380,23 @@ def test_a_stacks_record_is_checked_and_escaped() -> None:
         NodeStacks.from_json(b'{"node_rank": 1, "host": "b", "positions": [], "stacks_files": {}}')
 
 
-@pytest.mark.parametrize("change", [{"rank": "1"}, {"returncode": 10**6}, {"host": None}, {"time": "now"},
-                                    {"surprise": 1}])
+@pytest.mark.parametrize(
+    "change", [{"rank": "1"}, {"returncode": 10**6}, {"host": None}, {"time": "now"}, {"surprise": 1}]
+)
 def test_a_failure_record_xlarun_did_not_write_is_none(change: dict[str, object]) -> None:
     record = dataclasses.asdict(FailureRecord(rank=1, local_rank=0, returncode=3, pid=9, time=1.0, host="b\x1b[2J"))
 
-    assert failure_record(json.dumps(record).encode()) == FailureRecord(rank=1, local_rank=0, returncode=3, pid=9,
-                                                                        time=1.0, host=r"b\x1b[2J")
+    assert failure_record(json.dumps(record).encode()) == FailureRecord(
+        rank=1, local_rank=0, returncode=3, pid=9, time=1.0, host=r"b\x1b[2J"
+    )
     assert failure_record(json.dumps({**record, **change}).encode()) is None
     assert failure_record(b"\xff{") is None
 
 
 def join_job(store: MemoryStore, serving: bool, plan: NodePlan, token: str = "", node: int = 0) -> int:
-    return check_job(store, serving, "job", token, plan, (f"node {node}", "node 0"), "h:1",
-                     time.monotonic() + 5, StatusLine())
+    return check_job(
+        store, serving, "job", token, plan, (f"node {node}", "node 0"), "h:1", time.monotonic() + 5, StatusLine()
+    )
 
 
 def test_a_node_that_plans_other_slices_than_the_store_host_is_refused_as_a_usage_error() -> None:
@@ -356,8 +407,10 @@ def test_a_node_that_plans_other_slices_than_the_store_host_is_refused_as_a_usag
     with pytest.raises(UsageError) as refused:
         join_job(store, False, NodePlan(6, 6, slices=3), node=2)
 
-    line = ("node 2 plans 6 nodes (3 slices x 2 hosts) but node 0 plans 4 (2 slices x 2 hosts): "
-            "every slice must have the same hosts")
+    line = (
+        "node 2 plans 6 nodes (3 slices x 2 hosts) but node 0 plans 4 (2 slices x 2 hosts): "
+        "every slice must have the same hosts"
+    )
     assert str(refused.value) == line
     # The store's host hears of it as of any refused agent.
     assert store.data[JobKeys.REFUSED] == b"1"
@@ -368,8 +421,11 @@ def test_a_node_that_plans_another_node_count_is_told_to_give_every_node_the_sam
     store = MemoryStore()
     join_job(store, True, NodePlan(2, 2))
 
-    with pytest.raises(UsageError, match=r"^node 1 plans 3 nodes but node 0 plans 2: give every node the "
-                                         r"same --nnodes$"):
+    with pytest.raises(
+        UsageError,
+        match=r"^node 1 plans 3 nodes but node 0 plans 2: give every node the "
+        r"same --nnodes$",
+    ):
         join_job(store, False, NodePlan(3, 3), node=1)
 
 
@@ -381,8 +437,7 @@ def test_a_token_mismatch_stays_a_launcher_refusal_whatever_the_plan() -> None:
         join_job(store, False, NodePlan(3, 3), token="b", node=1)
 
 
-@pytest.mark.parametrize("plan", [None, "4", [4, 4], [0, 4, 1], [4, 2, 1], [1, 2**40, 1], [1, True, 1],
-                                  [1.0, 2, 1]])
+@pytest.mark.parametrize("plan", [None, "4", [4, 4], [0, 4, 1], [4, 2, 1], [1, 2**40, 1], [1, True, 1], [1.0, 2, 1]])
 def test_a_plan_xlarun_did_not_write_is_named_so(plan: object) -> None:
     store = MemoryStore()
     store.set(JobKeys.JOB, json.dumps({"run_id": "job", "token": token_digest(""), "plan": plan}))

@@ -32,22 +32,46 @@ from xlarun.supervision.signals import SignalInbox
 TPU_HOST = str(Path(__file__).resolve().parents[1] / "fixtures" / "hosts" / "tpu-v4-vm")
 
 
-@pytest.mark.parametrize("spelling, pet, text, dest, expected", [
-    ("--signals-to-handle", "PET_SIGNALS_TO_HANDLE", "SIGTERM, SIGUSR1", "signals_to_handle",
-     SignalList((signal.SIGTERM, signal.SIGUSR1), "SIGTERM, SIGUSR1")),
-    ("--signals_to_handle", "PET_SIGNALS_TO_HANDLE", "SIGHUP,,SIGHUP", "signals_to_handle",
-     SignalList((signal.SIGHUP,), "SIGHUP,,SIGHUP")),
-    ("--shutdown-timeout", "PET_SHUTDOWN_TIMEOUT", "7", "shutdown_timeout", 7.0),
-    ("--kill_timeout", "PET_SHUTDOWN_TIMEOUT", "0.5", "shutdown_timeout", 0.5),
-    ("--duplicate-stdout-filters", "PET_DUPLICATE_STDOUT_FILTERS", "loss,,acc,step", "duplicate_stdout_filters",
-     ("loss,acc", "step")),
-    ("--duplicate_stderr_filters", "PET_DUPLICATE_STDERR_FILTERS", "", "duplicate_stderr_filters", ("",)),
-    ("--log-line-prefix-template", "PET_LOG_LINE_PREFIX_TEMPLATE", "${rank}| ", "log_line_prefix_template",
-     "${rank}| "),
-    ("--virtual_local_rank", "PET_VIRTUAL_LOCAL_RANK", "1", "virtual_local_rank", True),
-])
+@pytest.mark.parametrize(
+    "spelling, pet, text, dest, expected",
+    [
+        (
+            "--signals-to-handle",
+            "PET_SIGNALS_TO_HANDLE",
+            "SIGTERM, SIGUSR1",
+            "signals_to_handle",
+            SignalList((signal.SIGTERM, signal.SIGUSR1), "SIGTERM, SIGUSR1"),
+        ),
+        (
+            "--signals_to_handle",
+            "PET_SIGNALS_TO_HANDLE",
+            "SIGHUP,,SIGHUP",
+            "signals_to_handle",
+            SignalList((signal.SIGHUP,), "SIGHUP,,SIGHUP"),
+        ),
+        ("--shutdown-timeout", "PET_SHUTDOWN_TIMEOUT", "7", "shutdown_timeout", 7.0),
+        ("--kill_timeout", "PET_SHUTDOWN_TIMEOUT", "0.5", "shutdown_timeout", 0.5),
+        (
+            "--duplicate-stdout-filters",
+            "PET_DUPLICATE_STDOUT_FILTERS",
+            "loss,,acc,step",
+            "duplicate_stdout_filters",
+            ("loss,acc", "step"),
+        ),
+        ("--duplicate_stderr_filters", "PET_DUPLICATE_STDERR_FILTERS", "", "duplicate_stderr_filters", ("",)),
+        (
+            "--log-line-prefix-template",
+            "PET_LOG_LINE_PREFIX_TEMPLATE",
+            "${rank}| ",
+            "log_line_prefix_template",
+            "${rank}| ",
+        ),
+        ("--virtual_local_rank", "PET_VIRTUAL_LOCAL_RANK", "1", "virtual_local_rank", True),
+    ],
+)
 def test_each_new_flag_parses_in_both_spellings_and_from_its_pet_variable(
-        spelling: str, pet: str, text: str, dest: str, expected: object) -> None:
+    spelling: str, pet: str, text: str, dest: str, expected: object
+) -> None:
     option = next(option for option in OPTIONS if spelling in option.spellings)
     assert option.dest == dest and pet in option.environment_variables
     given = read_options({dest: text}, {})
@@ -68,23 +92,36 @@ def test_the_shutdown_grace_is_one_option_with_torchruns_precedence() -> None:
 
 def test_the_prefix_template_flag_wins_and_an_empty_one_leaves_it_to_torchruns_variable() -> None:
     variable = {"TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE": "[${rank}]"}
-    assert prepare("--log-line-prefix-template", "<${rank}>", "t.py", env=variable).config \
-        .log_line_prefix_template == "<${rank}>"
-    assert prepare("--log-line-prefix-template", "", "t.py", env=variable).config \
-        .log_line_prefix_template == "[${rank}]"
+    assert (
+        prepare("--log-line-prefix-template", "<${rank}>", "t.py", env=variable).config.log_line_prefix_template
+        == "<${rank}>"
+    )
+    assert (
+        prepare("--log-line-prefix-template", "", "t.py", env=variable).config.log_line_prefix_template == "[${rank}]"
+    )
     assert prepare("t.py").config.log_line_prefix_template is None
 
 
 def test_the_prefix_substitutes_torchruns_four_macros() -> None:
-    config = dataclasses.replace(prepare("--role", "trainer", "t.py").config,
-                                 log_line_prefix_template="${hostname}/${role_name}/${rank}/${local_rank}/${other}:")
+    config = dataclasses.replace(
+        prepare("--role", "trainer", "t.py").config,
+        log_line_prefix_template="${hostname}/${role_name}/${rank}/${local_rank}/${other}:",
+    )
     assert line_prefix(config, 5, 1) == f"{socket.gethostname()}/trainer/5/1/${{other}}:".encode()
     assert line_prefix(prepare("t.py").config, 5, 1) == b"[default1]:"
 
 
 def node(local_world_size: int = 2) -> NodeAssignment:
-    return NodeAssignment(run_id="none", node_rank=0, nnodes=1, local_world_size=local_world_size, rank_offset=0,
-                          world_size=local_world_size, master_addr="127.0.0.1", master_port=29500)
+    return NodeAssignment(
+        run_id="none",
+        node_rank=0,
+        nnodes=1,
+        local_world_size=local_world_size,
+        rank_offset=0,
+        world_size=local_world_size,
+        master_addr="127.0.0.1",
+        master_port=29500,
+    )
 
 
 def test_virtual_local_rank_narrows_cuda_visible_devices_as_torchrun() -> None:
@@ -93,24 +130,34 @@ def test_virtual_local_rank_narrows_cuda_visible_devices_as_torchrun() -> None:
     listed = contract_env(node(), 1, config=config, environ={"CUDA_VISIBLE_DEVICES": "4, 6"}, error_file="e")
     assert (plain["LOCAL_RANK"], plain["CUDA_VISIBLE_DEVICES"]) == ("0", "1")
     assert (listed["LOCAL_RANK"], listed["CUDA_VISIBLE_DEVICES"]) == ("0", "6")
-    without = contract_env(node(), 1, config=prepare("t.py").config, environ={"CUDA_VISIBLE_DEVICES": "4,6"},
-                           error_file="e")
+    without = contract_env(
+        node(), 1, config=prepare("t.py").config, environ={"CUDA_VISIBLE_DEVICES": "4,6"}, error_file="e"
+    )
     assert without["LOCAL_RANK"] == "1" and "CUDA_VISIBLE_DEVICES" not in without
 
 
-@pytest.mark.parametrize("torchrun, expected", [((2, 9), None), ((2, 10), "SIGTERM, SIGUSR1"),
-                                                ((2, 15), "SIGTERM, SIGUSR1")])
+@pytest.mark.parametrize(
+    "torchrun, expected", [((2, 9), None), ((2, 10), "SIGTERM, SIGUSR1"), ((2, 15), "SIGTERM, SIGUSR1")]
+)
 def test_workers_get_the_signal_list_from_torchrun_2_10_on(torchrun: tuple[int, int], expected: str | None) -> None:
     config = dataclasses.replace(prepare("--signals-to-handle", "SIGTERM, SIGUSR1", "t.py").config, torchrun=torchrun)
     assert contract_env(node(), 0, config=config, environ={}, error_file="e").get(SIGNALS_VARIABLE) == expected
 
 
-@pytest.mark.parametrize("device, nproc, refused", [("tpu", 4, "torch_xla's xla:// set-up numbers each process"),
-                                                    ("neuron", 2, "import torch_xla sets PJRT_LOCAL_PROCESS_RANK"),
-                                                    ("cuda", 2, "the XLA:GPU client"), ("xpu", 2, "PJRT plugin"),
-                                                    ("tpu", 1, None), ("cpu", 2, None)])
+@pytest.mark.parametrize(
+    "device, nproc, refused",
+    [
+        ("tpu", 4, "torch_xla's xla:// set-up numbers each process"),
+        ("neuron", 2, "import torch_xla sets PJRT_LOCAL_PROCESS_RANK"),
+        ("cuda", 2, "the XLA:GPU client"),
+        ("xpu", 2, "PJRT plugin"),
+        ("tpu", 1, None),
+        ("cpu", 2, None),
+    ],
+)
 def test_virtual_local_rank_is_refused_where_the_runtime_places_processes_by_local_rank(
-        device: str, nproc: int, refused: str | None) -> None:
+    device: str, nproc: int, refused: str | None
+) -> None:
     argv = ("--dry-run", "--device", device, "--virtual-local-rank", "--nproc_per_node", str(nproc), "t.py")
     env = {"XLARUN_HOST_ROOT": TPU_HOST} if device == "tpu" else None
     if refused is None:
@@ -126,8 +173,17 @@ def test_virtual_local_rank_is_refused_where_the_runtime_places_processes_by_loc
 
 
 def test_filtered_files_are_made_per_attempt_and_fed_only_by_streams_the_console_shows(tmp_path: Path) -> None:
-    config = prepare("--tee", "0:3,1:1,2:0", "--local-ranks-filter", "0,2", "--duplicate-stdout-filters", "x",
-                     "--nproc_per_node", "3", "t.py").config
+    config = prepare(
+        "--tee",
+        "0:3,1:1,2:0",
+        "--local-ranks-filter",
+        "0,2",
+        "--duplicate-stdout-filters",
+        "x",
+        "--nproc_per_node",
+        "3",
+        "t.py",
+    ).config
     matching = plan_attempt_logs(config, str(tmp_path), 1)
     assert matching == {1: MatchingLines(str(tmp_path / "attempt_1" / "filtered_stdout.log"), ("x",))}
     assert (tmp_path / "attempt_1" / "filtered_stdout.log").read_bytes() == b""
@@ -151,7 +207,8 @@ def test_the_copy_reads_lines_as_torchruns_text_tail_does(tmp_path: Path) -> Non
         relay.feed(chunk)
     relay.close()
     assert (tmp_path / "filtered_stdout.log").read_text() == (
-        "[default0]:loss 1\n[default0]:step 2 loss 3\n[default0]:loss \ufffd\n[default0]:ü ok\n[default0]:last loss\n")
+        "[default0]:loss 1\n[default0]:step 2 loss 3\n[default0]:loss \ufffd\n[default0]:ü ok\n[default0]:last loss\n"
+    )
     assert (tmp_path / "stdout.log").read_bytes().endswith(b"last loss")  # the log file keeps the bytes
 
 

@@ -74,10 +74,14 @@ def test_a_counted_kill_names_a_worker_that_reached_half_its_share_once(cgroup: 
 def test_the_log_names_the_victim_whatever_its_size(cgroup: Path, kernel_log: socket.socket) -> None:
     witness = oom.OomWitness(workers=1)
     count_kills(cgroup, 1)
-    kernel_log.send(b"6,581,807102801,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
-                    b"mems_allowed=0,oom_memcg=/job,task_memcg=/job/step,task=python,pid=4242,uid=0\n")
-    kernel_log.send(b"3,582,807102814,-;Memory cgroup out of memory: Killed process 4242 (python) "
-                    b"total-vm:627164kB, anon-rss:597760kB\n SUBSYSTEM=memory\n")
+    kernel_log.send(
+        b"6,581,807102801,-;oom-kill:constraint=CONSTRAINT_MEMCG,nodemask=(null),cpuset=/,"
+        b"mems_allowed=0,oom_memcg=/job,task_memcg=/job/step,task=python,pid=4242,uid=0\n"
+    )
+    kernel_log.send(
+        b"3,582,807102814,-;Memory cgroup out of memory: Killed process 4242 (python) "
+        b"total-vm:627164kB, anon-rss:597760kB\n SUBSYSTEM=memory\n"
+    )
     assert witness.killed(WORKER, 19)
 
 

@@ -30,7 +30,11 @@ BAD_INPUTS = {
     "nproc word": (["--nproc_per_node", "many"], {}, "auto, cpu, gpu or xpu"),
     "nproc gpu without gpus": (["--nproc_per_node", "gpu"], {}, "--nproc-per-node='gpu' found no visible GPU"),
     # A dry run: the refusal holds where torch_xla is not installed too (the real run first needs torch_xla).
-    "nproc with spmd": (["--dry-run", "--spmd", "--nproc_per_node", "2"], {}, "--nproc-per-node='2' cannot run under SPMD"),
+    "nproc with spmd": (
+        ["--dry-run", "--spmd", "--nproc_per_node", "2"],
+        {},
+        "--nproc-per-node='2' cannot run under SPMD",
+    ),
     "master port out of range": (["--master_port", "65536"], {}, "0..65535"),
     "master port not a number": (["--master_port", "http"], {}, "--master-port='http'"),
     "node rank out of range": (["--nnodes", "2", "--node_rank", "2"], {}, "must be 0..1"),
@@ -54,16 +58,25 @@ BAD_INPUTS = {
     "kill timeout infinite": (["--kill-timeout", "inf"], {}, "--shutdown-timeout='inf'"),
     "shutdown timeout negative": (["--shutdown_timeout", "-5"], {}, "--shutdown-timeout='-5' is invalid"),
     "shutdown timeout from PET": ([], {"PET_SHUTDOWN_TIMEOUT": "later"}, "(from PET_SHUTDOWN_TIMEOUT)='later'"),
-    "shutdown timeout from torch's variable": ([], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "-1"},
-                                               "--shutdown-timeout (from TORCH_ELASTIC_SHUTDOWN_TIMEOUT)='-1'"),
+    "shutdown timeout from torch's variable": (
+        [],
+        {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "-1"},
+        "--shutdown-timeout (from TORCH_ELASTIC_SHUTDOWN_TIMEOUT)='-1'",
+    ),
     "signal name": (["--signals-to-handle", "SIGTERM,SIGFOO"], {}, "'SIGFOO' is no signal name"),
     "signal without SIG": (["--signals_to_handle", "USR1"], {}, "'USR1' is no signal name"),
     "signal that cannot be handled": (["--signals-to-handle", "SIGTERM,SIGKILL"], {}, "SIGKILL cannot be handled"),
     "signal from PET": ([], {"PET_SIGNALS_TO_HANDLE": "sigterm"}, "--signals-to-handle (from PET_SIGNALS_TO_HANDLE)"),
-    "virtual local rank past CUDA_VISIBLE_DEVICES": (["--virtual-local-rank", "--nproc_per_node", "3"],
-                                                      {"CUDA_VISIBLE_DEVICES": "4,5"}, "CUDA_VISIBLE_DEVICES='4,5'"),
-    "virtual local rank PET boolean": ([], {"PET_VIRTUAL_LOCAL_RANK": "true"},
-                                       "(from PET_VIRTUAL_LOCAL_RANK) must be 0 or 1"),
+    "virtual local rank past CUDA_VISIBLE_DEVICES": (
+        ["--virtual-local-rank", "--nproc_per_node", "3"],
+        {"CUDA_VISIBLE_DEVICES": "4,5"},
+        "CUDA_VISIBLE_DEVICES='4,5'",
+    ),
+    "virtual local rank PET boolean": (
+        [],
+        {"PET_VIRTUAL_LOCAL_RANK": "true"},
+        "(from PET_VIRTUAL_LOCAL_RANK) must be 0 or 1",
+    ),
     "nproc xpu without xpus": (["--nproc_per_node", "xpu"], {}, "--nproc-per-node='xpu' found no XPU on this host"),
     "completion shell": (["--print-completion", "fish"], {}, "'fish' is not one of 'bash', 'zsh', 'tcsh'"),
     "summary file is a directory": (["--summary-file", "/"], {}, "--summary-file='/'"),
@@ -74,8 +87,11 @@ BAD_INPUTS = {
     "virtual devices": (["--virtual-devices", "0"], {}, "--virtual-devices='0'"),
     "virtual devices off cpu": (["--device", "tpu", "--virtual-devices", "2"], {}, "cpu device only"),
     "coordinator port": (["--coordinator-port", "70000"], {}, "--coordinator-port='70000'"),
-    "coordinator port is the master port": (["--coordinator-port", "29500", "--master-port", "29500"], {},
-                                            "is the master port"),
+    "coordinator port is the master port": (
+        ["--coordinator-port", "29500", "--master-port", "29500"],
+        {},
+        "is the master port",
+    ),
     "spmd with xrt": (["--spmd", "--runtime", "xrt"], {}, "SPMD needs the PJRT runtime"),
     "unknown option": (["--nproc_per_node", "1", "--turbo"], {}, "--turbo"),
     "unknown short option": (["-x"], {}, "-x"),
@@ -88,13 +104,22 @@ BAD_INPUTS = {
     "bad PET value": ([], {"PET_NPROC_PER_NODE": "lots"}, "--nproc-per-node (from PET_NPROC_PER_NODE)='lots'"),
     "bad PET boolean": ([], {"PET_STANDALONE": "yes"}, "PET_STANDALONE"),
     "bad PET nnodes": ([], {"PET_NNODES": "1:2:3"}, "PET_NNODES"),
-    "shutdown timeout past the bound": (["--shutdown-timeout", "99999999"], {},
-                                        "--shutdown-timeout='99999999' is invalid (over 7 days): expected a number of "
-                                        "seconds from 0 to 604800 (7 days)"),
-    "hang timeout infinite": (["--hang-timeout", "inf"], {}, "--hang-timeout='inf' is invalid (not finite): expected "
-                                                            "a positive number of seconds up to 604800 (7 days)"),
-    "hang timeout from its variable": ([], {"XLARUN_HANG_TIMEOUT": "1e308"},
-                                       "--hang-timeout (from XLARUN_HANG_TIMEOUT)='1e308' is invalid (over 7 days)"),
+    "shutdown timeout past the bound": (
+        ["--shutdown-timeout", "99999999"],
+        {},
+        "--shutdown-timeout='99999999' is invalid (over 7 days): expected a number of "
+        "seconds from 0 to 604800 (7 days)",
+    ),
+    "hang timeout infinite": (
+        ["--hang-timeout", "inf"],
+        {},
+        "--hang-timeout='inf' is invalid (not finite): expected a positive number of seconds up to 604800 (7 days)",
+    ),
+    "hang timeout from its variable": (
+        [],
+        {"XLARUN_HANG_TIMEOUT": "1e308"},
+        "--hang-timeout (from XLARUN_HANG_TIMEOUT)='1e308' is invalid (over 7 days)",
+    ),
     "monitor interval not a number": (["--monitor-interval", "nan"], {}, "--monitor-interval='nan' is invalid"),
     "tee rank of too many digits": (["--tee", "1" * 5000 + ":1"], {}, "--tee='111"),
 }
@@ -156,8 +181,12 @@ def test_a_flag_wins_over_its_variable() -> None:
 
 def test_the_scheduler_takes_the_place_of_variables_and_defaults_but_not_of_flags() -> None:
     values = read_options({"node_rank": "1"}, {"PET_NNODES": "3", "PET_MASTER_PORT": "1234"})
-    said = {"nnodes": ((2, 2), "2", "SLURM_NNODES"), "node_rank": (0, "0", "SLURM_NODEID"),
-            "master_port": (15020, "15020", "SLURM_JOB_ID, SLURM_STEP_ID"), "rdzv_id": ("5.1", "5.1", "SLURM_JOB_ID")}
+    said = {
+        "nnodes": ((2, 2), "2", "SLURM_NNODES"),
+        "node_rank": (0, "0", "SLURM_NODEID"),
+        "master_port": (15020, "15020", "SLURM_JOB_ID, SLURM_STEP_ID"),
+        "rdzv_id": ("5.1", "5.1", "SLURM_JOB_ID"),
+    }
     scheduled = values.with_scheduler("slurm", said)
     assert [scheduled[dest] for dest in ("nnodes", "node_rank", "master_port", "rdzv_id")] == [(2, 2), 1, 15020, "5.1"]
     assert scheduled.stated("nnodes") == "--nnodes=2 (from --cluster slurm: SLURM_NNODES)"
@@ -169,14 +198,17 @@ def test_the_scheduler_takes_the_place_of_variables_and_defaults_but_not_of_flag
     assert values.stated("nnodes") == "--nnodes=3 (from PET_NNODES)" and values.given("nnodes") is None
 
 
-@pytest.mark.parametrize("argv, expected", [
-    (["--nproc_per_n=2", "t.py"], (["--nproc_per_node=2"], "t.py", [])),
-    (["--nproc-per-n", "2", "t.py", "--x"], (["--nproc-per-node", "2"], "t.py", ["--x"])),
-    (["--", "t.py", "a"], ([], "t.py", ["a"])),
-    (["t.py", "--", "a"], ([], "t.py", ["a"])),
-    (["-r3", "t.py"], (["-r3"], "t.py", [])),
-    (["--standalone"], (["--standalone"], None, [])),
-])
+@pytest.mark.parametrize(
+    "argv, expected",
+    [
+        (["--nproc_per_n=2", "t.py"], (["--nproc_per_node=2"], "t.py", [])),
+        (["--nproc-per-n", "2", "t.py", "--x"], (["--nproc-per-node", "2"], "t.py", ["--x"])),
+        (["--", "t.py", "a"], ([], "t.py", ["a"])),
+        (["t.py", "--", "a"], ([], "t.py", ["a"])),
+        (["-r3", "t.py"], (["-r3"], "t.py", [])),
+        (["--standalone"], (["--standalone"], None, [])),
+    ],
+)
 def test_split_follows_argparse(argv: list[str], expected: tuple[list[str], str, list[str]]) -> None:
     assert split_command_line(argv) == expected
 
@@ -184,21 +216,27 @@ def test_split_follows_argparse(argv: list[str], expected: tuple[list[str], str,
 def test_worker_count_is_resolved_once_into_the_config() -> None:
     assert prepare("--nproc_per_node", "3", "t.py").config.nproc_per_node == 3
     assert prepare("--nproc_per_node", "cpu", "t.py").config.nproc_per_node == os.cpu_count()
-    assert prepare("--spmd", "--nproc_per_node", "auto", "--device", "cpu", "--dry-run", "t.py") \
-        .config.nproc_per_node == 1
+    assert (
+        prepare("--spmd", "--nproc_per_node", "auto", "--device", "cpu", "--dry-run", "t.py").config.nproc_per_node == 1
+    )
 
 
 def test_users_own_variables_are_notices_not_prints(capsys: pytest.CaptureFixture[str]) -> None:
     prepared = prepare("--dry-run", "--device", "cpu", "--virtual-devices", "4", "t.py", env={"CPU_NUM_DEVICES": "2"})
-    assert prepared.notices == ("keeping your own CPU_NUM_DEVICES from the environment instead of the values "
-                                "xlarun would set",)
+    assert prepared.notices == (
+        "keeping your own CPU_NUM_DEVICES from the environment instead of the values xlarun would set",
+    )
     assert capsys.readouterr() == ("", "")
 
 
-
-@pytest.mark.parametrize("store", [("--rdzv_backend", "c10d", "--rdzv_endpoint", "10.0.0.1:29400"),
-                                   ("--rdzv_endpoint", "10.0.0.1:29400", "--node_rank", "1")],
-                         ids=["c10d", "static endpoint"])
+@pytest.mark.parametrize(
+    "store",
+    [
+        ("--rdzv_backend", "c10d", "--rdzv_endpoint", "10.0.0.1:29400"),
+        ("--rdzv_endpoint", "10.0.0.1:29400", "--node_rank", "1"),
+    ],
+    ids=["c10d", "static endpoint"],
+)
 def test_a_coordinator_port_is_checked_against_the_master_port_the_run_will_use(store: tuple[str, ...]) -> None:
     """29500 is no master port here: c10d's is picked at the rendezvous, and a static endpoint's
     port is the master port."""
@@ -207,7 +245,8 @@ def test_a_coordinator_port_is_checked_against_the_master_port_the_run_will_use(
 
 def test_a_coordinator_port_on_a_static_endpoints_port_is_refused() -> None:
     assert "coordinator port 29400 is the master port" in refusal(
-        "--nnodes", "2", "--node_rank", "1", "--rdzv_endpoint", "10.0.0.1:29400", "--coordinator-port", "29400", "t.py")
+        "--nnodes", "2", "--node_rank", "1", "--rdzv_endpoint", "10.0.0.1:29400", "--coordinator-port", "29400", "t.py"
+    )
 
 
 @pytest.mark.parametrize("dest", [option.dest for option in OPTIONS if option.metavar == "SECONDS"])

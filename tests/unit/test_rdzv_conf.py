@@ -32,32 +32,55 @@ def test_keys_c10d_does_not_read_are_not_checked(conf: str) -> None:
     assert config.rdzv_backend == "c10d"
 
 
-@pytest.mark.parametrize("backend, conf, message", [
-    ("c10d", "join_timeout=abc", "join_timeout='abc' is invalid: the c10d rendezvous reads it as a positive"),
-    ("c10d", "last_call_timeout=0", "last_call_timeout='0'"),
-    ("c10d", "read_timeout=-1", "read_timeout='-1'"),
-    ("c10d", "is_host=maybe", "is_host='maybe' is invalid: the c10d rendezvous reads it as true or false"),
-    ("static", "timeout=abc", "timeout='abc' is invalid: the static rendezvous reads it as a whole number"),
-    ("static", "timeout=5'", "timeout=\"5'\""),
-])
+@pytest.mark.parametrize(
+    "backend, conf, message",
+    [
+        ("c10d", "join_timeout=abc", "join_timeout='abc' is invalid: the c10d rendezvous reads it as a positive"),
+        ("c10d", "last_call_timeout=0", "last_call_timeout='0'"),
+        ("c10d", "read_timeout=-1", "read_timeout='-1'"),
+        ("c10d", "is_host=maybe", "is_host='maybe' is invalid: the c10d rendezvous reads it as true or false"),
+        ("static", "timeout=abc", "timeout='abc' is invalid: the static rendezvous reads it as a whole number"),
+        ("static", "timeout=5'", 'timeout="5\'"'),
+    ],
+)
 def test_a_value_the_backend_reads_is_checked_as_torchrun_checks_it(backend: str, conf: str, message: str) -> None:
     # A master port given: without one, torchrun 2.12 and newer run a lone static node as c10d.
-    assert message in refusal("--rdzv-backend", backend, "--rdzv-conf", conf, "--master-port", "29500", "--dry-run",
-                              "t.py")
+    assert message in refusal(
+        "--rdzv-backend", backend, "--rdzv-conf", conf, "--master-port", "29500", "--dry-run", "t.py"
+    )
 
 
-@pytest.mark.parametrize("backend, nnodes, conf, message", [
-    ("c10d", "1", "read_timeout=99999999", "--rdzv-conf read_timeout='99999999' is invalid (over 7 days): expected a "
-                                           "positive number of seconds up to 604800 (7 days)"),
-    ("c10d", "1", "keep_alive_interval=0", "keep_alive_interval='0' is invalid: expected a positive number"),
-    ("static", "2", "join_timeout=inf", "join_timeout='inf' is invalid (not finite)"),
-    ("static", "2", "heartbeat_timeout=nan", "heartbeat_timeout='nan' is invalid (not finite)"),
-    ("static", "2", "timeout=99999999", "timeout='99999999' is invalid (over 7 days)"),
-])
-def test_seconds_out_of_bounds_are_refused_where_the_rendezvous_reads_them(backend: str, nnodes: str, conf: str,
-                                                                            message: str) -> None:
-    assert message in refusal("--rdzv-backend", backend, "--nnodes", nnodes, "--rdzv-conf", conf, "--master-port",
-                              "29500", "--dry-run", "t.py")
+@pytest.mark.parametrize(
+    "backend, nnodes, conf, message",
+    [
+        (
+            "c10d",
+            "1",
+            "read_timeout=99999999",
+            "--rdzv-conf read_timeout='99999999' is invalid (over 7 days): expected a "
+            "positive number of seconds up to 604800 (7 days)",
+        ),
+        ("c10d", "1", "keep_alive_interval=0", "keep_alive_interval='0' is invalid: expected a positive number"),
+        ("static", "2", "join_timeout=inf", "join_timeout='inf' is invalid (not finite)"),
+        ("static", "2", "heartbeat_timeout=nan", "heartbeat_timeout='nan' is invalid (not finite)"),
+        ("static", "2", "timeout=99999999", "timeout='99999999' is invalid (over 7 days)"),
+    ],
+)
+def test_seconds_out_of_bounds_are_refused_where_the_rendezvous_reads_them(
+    backend: str, nnodes: str, conf: str, message: str
+) -> None:
+    assert message in refusal(
+        "--rdzv-backend",
+        backend,
+        "--nnodes",
+        nnodes,
+        "--rdzv-conf",
+        conf,
+        "--master-port",
+        "29500",
+        "--dry-run",
+        "t.py",
+    )
 
 
 def test_a_lone_static_node_reads_no_rendezvous_seconds_as_torchrun_ignores_them() -> None:
@@ -96,11 +119,15 @@ def test_read_timeout_bounds_an_unanswered_store_call_and_is_checked_where_read(
 
 def test_every_setting_is_in_the_help_with_its_default() -> None:
     # The real command's help, as click renders and wraps it.
-    help_text = subprocess.run([sys.executable, "-m", "xlarun", "--help"], capture_output=True, text=True, check=True,
-                               cwd=REPO).stdout
+    help_text = subprocess.run(
+        [sys.executable, "-m", "xlarun", "--help"], capture_output=True, text=True, check=True, cwd=REPO
+    ).stdout
     text = " ".join(help_text.split())
-    missing = [setting.key for setting in SETTINGS
-               if not re.search(rf"(?<![\w-]){setting.key} \({re.escape(setting.default)}[,)]", text)]
+    missing = [
+        setting.key
+        for setting in SETTINGS
+        if not re.search(rf"(?<![\w-]){setting.key} \({re.escape(setting.default)}[,)]", text)
+    ]
     assert missing == []
     assert f"{SETTINGS[-1].meaning}. Other keys are ignored." in text
 
@@ -108,8 +135,12 @@ def test_every_setting_is_in_the_help_with_its_default() -> None:
 def test_the_rendezvous_reads_its_defaults_from_the_table() -> None:
     from xlarun.rendezvous.store import Timeouts, conf_seconds
 
-    assert Timeouts.read({}) == Timeouts(join=default_seconds("join_timeout"), heartbeat=default_seconds(
-        "heartbeat_timeout"), close=default_seconds("close_timeout"), call=default_seconds("read_timeout"))
+    assert Timeouts.read({}) == Timeouts(
+        join=default_seconds("join_timeout"),
+        heartbeat=default_seconds("heartbeat_timeout"),
+        close=default_seconds("close_timeout"),
+        call=default_seconds("read_timeout"),
+    )
     assert conf_seconds({}, "timeout") == default_seconds("timeout")
     with pytest.raises(KeyError):
         default_seconds("token")
@@ -147,6 +178,8 @@ def manual_tables() -> dict[str, list[list[str]]]:
 
 def test_the_manuals_table_of_keys_is_the_one_in_the_code() -> None:
     tables = manual_tables()
-    assert len(tables) == 1, f"the manual should hold one table of --rdzv-conf keys, as xlarun.rdzv_conf." \
-                             f"markdown_table() writes it; found {sorted(tables) or 'none'}"
+    assert len(tables) == 1, (
+        f"the manual should hold one table of --rdzv-conf keys, as xlarun.rdzv_conf."
+        f"markdown_table() writes it; found {sorted(tables) or 'none'}"
+    )
     assert next(iter(tables.values())) == table_rows(markdown_table().splitlines())

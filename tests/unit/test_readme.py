@@ -50,8 +50,14 @@ def code_variables() -> set[str]:
 def test_every_variable_xlarun_sets_or_reads_is_in_the_reference() -> None:
     documented = section("Environment variables")
     assert sorted(name for name in code_variables() if f"`{name}`" not in documented) == []
-    for name in ("XLARUN_DEVICE", "XLARUN_CLUSTER", "XLARUN_RDZV_TOKEN", "XLARUN_DEBUG", "XLARUN_HOST_ROOT",
-                 "XLARUN_LAUNCHED"):
+    for name in (
+        "XLARUN_DEVICE",
+        "XLARUN_CLUSTER",
+        "XLARUN_RDZV_TOKEN",
+        "XLARUN_DEBUG",
+        "XLARUN_HOST_ROOT",
+        "XLARUN_LAUNCHED",
+    ):
         assert f"`{name}`" in documented
 
 

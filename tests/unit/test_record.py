@@ -96,9 +96,17 @@ def test_torchs_reader_understands_the_file(tmp_path: Path, monkeypatch: pytest.
     assert "  KeyError: 'missing shard'" in report
 
 
-@pytest.mark.parametrize("message", [["a", "list"], 42, None, {"message": "boom", "extraInfo": "not a dict"},
-                                     {"message": "boom", "extraInfo": {"timestamp": [1]}}],
-                         ids=["list", "number", "null", "extra not a dict", "timestamp not a number"])
+@pytest.mark.parametrize(
+    "message",
+    [
+        ["a", "list"],
+        42,
+        None,
+        {"message": "boom", "extraInfo": "not a dict"},
+        {"message": "boom", "extraInfo": {"timestamp": [1]}},
+    ],
+    ids=["list", "number", "null", "extra not a dict", "timestamp not a number"],
+)
 def test_an_error_file_of_any_shape_is_read_without_failing(tmp_path: Path, message: object) -> None:
     """A worker may write anything under ``message``; the report still comes, with what it wrote."""
     from xlarun.contract import read_error_file

@@ -122,8 +122,9 @@ def test_a_log_file_that_refuses_bytes_costs_only_that_file(capfd: pytest.Captur
     relay.feed(b"two\n")
     assert console.drain() == b"p:one\np:two\n"
     flush_consoles()
-    assert capfd.readouterr().err == ("xlarun: cannot write /dev/full: No space left on device; it stops here, the "
-                                      "console and the run go on\n")
+    assert capfd.readouterr().err == (
+        "xlarun: cannot write /dev/full: No space left on device; it stops here, the console and the run go on\n"
+    )
 
 
 def test_a_flush_long_after_the_last_write_still_waits_for_what_was_just_queued() -> None:

@@ -21,8 +21,17 @@ HOSTS = TESTS / "fixtures" / "hosts"
 
 
 def plan(cwd: Path, *command: str, **fields: object) -> HostPlan:
-    base = HostPlan(host="h1", index=0, node_rank=0, nnodes=2, run_id="r", cwd=str(cwd), version=__version__,
-                    argv=("--nproc-per-node=1", "--", *command), device="cpu")
+    base = HostPlan(
+        host="h1",
+        index=0,
+        node_rank=0,
+        nnodes=2,
+        run_id="r",
+        cwd=str(cwd),
+        version=__version__,
+        argv=("--nproc-per-node=1", "--", *command),
+        device="cpu",
+    )
     return replace(base, **fields)  # type: ignore[arg-type]
 
 
@@ -48,8 +57,9 @@ def test_a_missing_working_directory(tmp_path: Path) -> None:
     assert line == f"working directory {tmp_path / 'gone'} not found: pass --remote-cwd DIR, a directory every host has"
 
 
-def test_a_missing_script_is_looked_for_in_the_working_directory(workdir: Path, monkeypatch: pytest.MonkeyPatch,
-                                                                 tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_a_missing_script_is_looked_for_in_the_working_directory(
+    workdir: Path, monkeypatch: pytest.MonkeyPatch, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     monkeypatch.chdir(tmp_path_factory.mktemp("elsewhere"))  # the agent's own directory does not count
     assert check_host(plan(workdir, "train.py"), environ={}) is None
     assert check_host(plan(workdir, "other.py"), environ={}) == f"training script not found: other.py in {workdir}"
@@ -60,22 +70,27 @@ def test_a_missing_script_is_looked_for_in_the_working_directory(workdir: Path, 
 def test_a_program_is_looked_for_on_the_hosts_path(workdir: Path) -> None:
     assert check_host(plan(workdir, "sh", "-c", "true", program="program"), environ={}) is None
     line = check_host(plan(workdir, "no-such-program-here", program="program"), environ={})
-    assert line == ("command not found: no-such-program-here (--no-python runs it directly; "
-                    "give a path or a program on PATH)")
+    assert line == (
+        "command not found: no-such-program-here (--no-python runs it directly; give a path or a program on PATH)"
+    )
     (workdir / "run.sh").write_text("#!/bin/sh\n")
     assert check_host(plan(workdir, "./run.sh", program="program"), environ={}).startswith(  # type: ignore[union-attr]
-        "./run.sh is not executable (--no-python runs it directly)")
+        "./run.sh is not executable (--no-python runs it directly)"
+    )
 
 
-def test_a_module_is_found_in_the_working_directory_the_pythonpath_or_the_interpreter(workdir: Path,
-                                                                                     tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_a_module_is_found_in_the_working_directory_the_pythonpath_or_the_interpreter(
+    workdir: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
     (workdir / "mypkg").mkdir()
     (workdir / "mypkg" / "__init__.py").write_text("raise SystemExit('imported: the check must not run it')\n")
     assert check_host(plan(workdir, "mypkg.train", program="module"), environ={}) is None
     assert check_host(plan(workdir, "json.tool", program="module"), environ={}) is None
     assert check_host(plan(workdir, "xlarun", program="module"), environ={}) is None
-    assert check_host(plan(workdir, "nopkg.train", program="module"), environ={}) == \
-        "module not found: nopkg.train (--module runs it with python -m)"
+    assert (
+        check_host(plan(workdir, "nopkg.train", program="module"), environ={})
+        == "module not found: nopkg.train (--module runs it with python -m)"
+    )
     extra = tmp_path_factory.mktemp("path")
     (extra / "nopkg.py").write_text("")
     assert check_host(plan(workdir, "nopkg", program="module", env={"PYTHONPATH": str(extra)}), environ={}) is None
@@ -85,8 +100,10 @@ def test_a_module_is_found_in_the_working_directory_the_pythonpath_or_the_interp
 def test_the_command_is_what_follows_the_first_separator(workdir: Path) -> None:
     command = host_command(plan(workdir, "train.py", "--", "x", program="script"))
     assert command == WorkerCommand(script="train.py", args=("--", "x"))
-    assert check_host(replace(plan(workdir, "train.py"), argv=("--nproc-per-node=1",)), environ={}) == \
-        "the plan names no command after '--'"
+    assert (
+        check_host(replace(plan(workdir, "train.py"), argv=("--nproc-per-node=1",)), environ={})
+        == "the plan names no command after '--'"
+    )
 
 
 @pytest.fixture
@@ -111,7 +128,10 @@ def test_a_busy_device_is_one_line_naming_the_holder(workdir: Path, busy_tpu: tu
     line = check_host(plan(workdir, "train.py", device="tpu"), environ=environ)
     assert line is not None and "\n" not in line
     assert line.startswith(f"pid {pid} holds {root.resolve() / 'dev' / 'accel0'} (running ")
-    assert f"sleep 60; stop it with: kill {pid}; the tpu device is in use by 1 other process, so nothing was started" in line
+    assert (
+        f"sleep 60; stop it with: kill {pid}; the tpu device is in use by 1 other process, so nothing was started"
+        in line
+    )
     assert line.endswith("pass --allow-busy-device where sharing the device is intended")
     # The plan's variables count as the host's: the device root may come with the plan.
     assert check_host(plan(workdir, "train.py", device="tpu", env=environ), environ={}) == line

@@ -14,8 +14,14 @@ from xlarun.supervision.report import format_report
 
 
 def plans(**overrides: object) -> list[HostPlan]:
-    arguments: dict = {"run_id": "r1", "master_port": 29500, "cwd": "/w", "env": {"HF_TOKEN": "t", "A": "1"},
-                       "host_timeout": 15.0, "version": "1.0"}
+    arguments: dict = {
+        "run_id": "r1",
+        "master_port": 29500,
+        "cwd": "/w",
+        "env": {"HF_TOKEN": "t", "A": "1"},
+        "host_timeout": 15.0,
+        "version": "1.0",
+    }
     arguments.update(overrides)
     return plan_hosts(["h1", "h2"], ["--nproc-per-node=2"], ["train.py", "--lr", "1"], **arguments)
 
@@ -24,9 +30,19 @@ def test_node_ranks_follow_the_host_list_with_node_0_on_the_first_host() -> None
     first, second = plans()
     assert (first.node_rank, second.node_rank, second.nnodes, second.master_addr) == (0, 1, 2, "h1")
     assert second.node_argv("10.0.0.1", 29501) == [
-        "--master-addr=10.0.0.1", "--master-port=29501", "--nproc-per-node=2", "--tee=3",
-        "--log-line-prefix-template=h2:${rank}: ", "--nnodes=2", "--node-rank=1", "--rdzv-id=r1", "--", "train.py",
-        "--lr", "1"]
+        "--master-addr=10.0.0.1",
+        "--master-port=29501",
+        "--nproc-per-node=2",
+        "--tee=3",
+        "--log-line-prefix-template=h2:${rank}: ",
+        "--nnodes=2",
+        "--node-rank=1",
+        "--rdzv-id=r1",
+        "--",
+        "train.py",
+        "--lr",
+        "1",
+    ]
 
 
 def test_the_user_s_streams_and_prefix_are_kept() -> None:
@@ -47,15 +63,31 @@ def test_a_plan_survives_its_json_line() -> None:
 
 
 def test_only_allowed_variables_travel() -> None:
-    environ = {"XLARUN_X": "1", "PJRT_DEVICE": "CPU", "HF_HOME": "/h", "TRACEPARENT": "00-1", "PATH": "/bin",
-               "HOME": "/root", "AWS_SECRET_ACCESS_KEY": "s", "PYTHONPATH": "/p"}
-    assert allowed_environment(environ) == {"XLARUN_X": "1", "PJRT_DEVICE": "CPU", "HF_HOME": "/h",
-                                            "TRACEPARENT": "00-1", "PYTHONPATH": "/p"}
+    environ = {
+        "XLARUN_X": "1",
+        "PJRT_DEVICE": "CPU",
+        "HF_HOME": "/h",
+        "TRACEPARENT": "00-1",
+        "PATH": "/bin",
+        "HOME": "/root",
+        "AWS_SECRET_ACCESS_KEY": "s",
+        "PYTHONPATH": "/p",
+    }
+    assert allowed_environment(environ) == {
+        "XLARUN_X": "1",
+        "PJRT_DEVICE": "CPU",
+        "HF_HOME": "/h",
+        "TRACEPARENT": "00-1",
+        "PYTHONPATH": "/p",
+    }
 
 
 def test_the_dry_run_redacts_secret_looking_names() -> None:
-    assert redacted({"HF_TOKEN": "t", "API_KEY": "k", "A": "1"}) == {"HF_TOKEN": "<redacted>", "API_KEY": "<redacted>",
-                                                                     "A": "1"}
+    assert redacted({"HF_TOKEN": "t", "API_KEY": "k", "A": "1"}) == {
+        "HF_TOKEN": "<redacted>",
+        "API_KEY": "<redacted>",
+        "A": "1",
+    }
     assert plans()[0].shown()["env"]["HF_TOKEN"] == "<redacted>"
 
 
@@ -72,10 +104,16 @@ def test_ssh_runs_the_agent_without_a_terminal_or_a_prompt() -> None:
 
 
 def test_a_template_keeps_the_command_one_word() -> None:
-    argv = transport_argv("h2", 1, "py -m xlarun --agent-stdin", rsh_template="kubectl exec -i {host} -- sh -c {command}")
+    argv = transport_argv(
+        "h2", 1, "py -m xlarun --agent-stdin", rsh_template="kubectl exec -i {host} -- sh -c {command}"
+    )
     assert argv == ["kubectl", "exec", "-i", "h2", "--", "sh", "-c", "py -m xlarun --agent-stdin"]
     assert transport_argv("a", 3, "c", rsh_template="g --worker={index} --command {command}") == [
-        "g", "--worker=3", "--command", "c"]
+        "g",
+        "--worker=3",
+        "--command",
+        "c",
+    ]
 
 
 def test_templates_without_a_command_are_refused() -> None:

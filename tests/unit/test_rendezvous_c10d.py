@@ -29,8 +29,17 @@ from xlarun.rendezvous.store import Client, JobKeys
 KEYS = JobKeys("job")
 WHERE = "10.0.0.1:29400"
 # Node 0 served the job's store in attempt 3, which this node ran in.
-AFTER_ATTEMPT_3 = Seat(attempt=3, node_rank=1, nnodes=2, rank_offset=1, world_size=2, master_addr="10.0.0.1",
-                       master_port=1234, store_node=0, change="")
+AFTER_ATTEMPT_3 = Seat(
+    attempt=3,
+    node_rank=1,
+    nnodes=2,
+    rank_offset=1,
+    world_size=2,
+    master_addr="10.0.0.1",
+    master_port=1234,
+    store_node=0,
+    change="",
+)
 ME = Member(agent=5, host="host-b", nproc=1)
 
 
@@ -109,8 +118,15 @@ def no_connection(host: str, port: int, timeout: float) -> Client:
 
 def joined_seating(error: Exception | None) -> tuple[C10dSeating, FakeHandler, MemoryStore]:
     """The seating of a node that joined a job of 2 to 4 nodes at WHERE (``join_timeout`` 30 s)."""
-    config = LaunchConfig(command=WorkerCommand("train.py", ()), min_nodes=2, max_nodes=4, rdzv_backend="c10d",
-                          rdzv_endpoint=WHERE, rdzv_id="job", rdzv_conf={"join_timeout": "30"})
+    config = LaunchConfig(
+        command=WorkerCommand("train.py", ()),
+        min_nodes=2,
+        max_nodes=4,
+        rdzv_backend="c10d",
+        rdzv_endpoint=WHERE,
+        rdzv_id="job",
+        rdzv_conf={"join_timeout": "30"},
+    )
     status = StatusLine()
     status.tty = False
     store = MemoryStore()
@@ -138,8 +154,10 @@ def test_a_first_round_that_times_out_counts_the_nodes_that_came() -> None:
     error = seat_error(RendezvousTimeoutError(), None)
 
     assert type(error) is LaunchError
-    assert str(error) == (f"1 of 2 nodes joined in 30 s at {WHERE} (run id 'job'): start the missing nodes "
-                          "with the same --rdzv-endpoint and --rdzv-id")
+    assert str(error) == (
+        f"1 of 2 nodes joined in 30 s at {WHERE} (run id 'job'): start the missing nodes "
+        "with the same --rdzv-endpoint and --rdzv-id"
+    )
 
 
 def test_a_later_round_that_times_out_says_too_few_came_back() -> None:
@@ -154,8 +172,9 @@ def test_a_round_closed_before_this_node_had_a_seat_ends_it_with_nothing_to_run(
     error = seat_error(closed(), None)
 
     assert type(error) is JobEnded
-    assert str(error) == (f"the job of run id 'job' at {WHERE} ended while this node waited for a place in it; "
-                          "nothing to run")
+    assert str(error) == (
+        f"the job of run id 'job' at {WHERE} ended while this node waited for a place in it; nothing to run"
+    )
 
 
 @pytest.mark.parametrize("closed", [RendezvousClosedError, RendezvousGracefulExitError])
@@ -173,25 +192,33 @@ def connection_error(cause: Exception | None) -> RendezvousConnectionError:
     return error
 
 
-@pytest.mark.parametrize(("cause", "said"), [
-    (DistNetworkError("Connection reset by peer"), "Connection reset by peer"),
-    (DistStoreError("Socket Timeout\nException raised from recvBytes"), "Socket Timeout"),
-    (None, "The connection to the C10d store has failed. See inner exception for details."),
-])
-@pytest.mark.parametrize(("previous", "node"), [(None, "the node hosting it"),
-                                                (AFTER_ATTEMPT_3, "node 0, which hosted it,")])
+@pytest.mark.parametrize(
+    ("cause", "said"),
+    [
+        (DistNetworkError("Connection reset by peer"), "Connection reset by peer"),
+        (DistStoreError("Socket Timeout\nException raised from recvBytes"), "Socket Timeout"),
+        (None, "The connection to the C10d store has failed. See inner exception for details."),
+    ],
+)
+@pytest.mark.parametrize(
+    ("previous", "node"), [(None, "the node hosting it"), (AFTER_ATTEMPT_3, "node 0, which hosted it,")]
+)
 def test_a_lost_connection_says_what_the_store_said_and_which_node_hosted_it(
-        cause: Exception | None, said: str, previous: Seat | None, node: str) -> None:
+    cause: Exception | None, said: str, previous: Seat | None, node: str
+) -> None:
     error = seat_error(connection_error(cause), previous)
 
     assert type(error) is LaunchError
     assert str(error) == f"lost the rendezvous store at {WHERE} ({said}): {node} stopped"
 
 
-@pytest.mark.parametrize(("error", "detail"), [
-    (RendezvousStateError("The rendezvous state is corrupt.\nDetails follow."), "The rendezvous state is corrupt."),
-    (RendezvousError(), "RendezvousError"),
-])
+@pytest.mark.parametrize(
+    ("error", "detail"),
+    [
+        (RendezvousStateError("The rendezvous state is corrupt.\nDetails follow."), "The rendezvous state is corrupt."),
+        (RendezvousError(), "RendezvousError"),
+    ],
+)
 def test_any_other_rendezvous_error_is_one_line_at_the_endpoint(error: Exception, detail: str) -> None:
     raised = seat_error(error, None)
 

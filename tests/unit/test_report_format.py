@@ -17,16 +17,34 @@ from xlarun.supervision.report import RunSummary, format_report, print_root_caus
 
 
 def failure(rank: int, returncode: int, node_rank: int = 0, nnodes: int = 1) -> FailureRecord:
-    return FailureRecord(rank=rank, local_rank=rank, returncode=returncode, pid=1000 + rank, time=0.0,
-                         host="host-a", node_rank=node_rank, nnodes=nnodes)
+    return FailureRecord(
+        rank=rank,
+        local_rank=rank,
+        returncode=returncode,
+        pid=1000 + rank,
+        time=0.0,
+        host="host-a",
+        node_rank=node_rank,
+        nnodes=nnodes,
+    )
 
 
 def hang_cause(nnodes: int = 2, missing: tuple[int, ...] = ()) -> HangCause:
     # Node 1's report came first; node 0 lists them by node rank.
-    nodes = (NodeStacks(node_rank=0, host="host-a", positions={1: "all_reduce (t.py:9)", 0: "all_reduce (t.py:9)"},
-                        stacks_files={1: "/logs/a/attempt_0/1/stacks.txt", 0: "/logs/a/attempt_0/0/stacks.txt"}),
-             NodeStacks(node_rank=1, host="host-b", positions={2: "load (t.py:4)"},
-                        stacks_files={2: "/logs/b/attempt_0/0/stacks.txt"}))
+    nodes = (
+        NodeStacks(
+            node_rank=0,
+            host="host-a",
+            positions={1: "all_reduce (t.py:9)", 0: "all_reduce (t.py:9)"},
+            stacks_files={1: "/logs/a/attempt_0/1/stacks.txt", 0: "/logs/a/attempt_0/0/stacks.txt"},
+        ),
+        NodeStacks(
+            node_rank=1,
+            host="host-b",
+            positions={2: "load (t.py:4)"},
+            stacks_files={2: "/logs/b/attempt_0/0/stacks.txt"},
+        ),
+    )
     return HangCause("no output for 600 s and no CPU use", nodes[:nnodes], nnodes, missing)
 
 
@@ -96,10 +114,23 @@ def test_the_record_names_the_launchers_signal_and_keeps_the_documented_order() 
     summary = RunSummary(run_id="job", restarts=1)
     summary.add_attempt(0, [WorkerResult(local_rank=0, rank=0, pid=1, started_at=0.0, returncode=-15)])
     record = summary.record(RunEnd.signalled(signal.SIGTERM))
-    assert list(record) == ["run_id", "exit_code", "result", "restarts", "launcher_signal", "error", "root_cause",
-                            "other_failures", "attempts"]
+    assert list(record) == [
+        "run_id",
+        "exit_code",
+        "result",
+        "restarts",
+        "launcher_signal",
+        "error",
+        "root_cause",
+        "other_failures",
+        "attempts",
+    ]
     assert (record["exit_code"], record["result"], record["launcher_signal"], record["root_cause"]) == (
-        143, "signalled", "SIGTERM", None)
+        143,
+        "signalled",
+        "SIGTERM",
+        None,
+    )
     assert record["attempts"][0]["workers"][0]["signal"] == "SIGTERM"
 
 

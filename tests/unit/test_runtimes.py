@@ -17,8 +17,9 @@ MASTER_PORT = 29500
 COORDINATOR_PORT = 61756  # the rule's value for MASTER_PORT 29500
 
 
-def nodes(nnodes: int, nproc: int, node_rank: int, master_addr: str = "10.0.0.1",
-          master_port: int = MASTER_PORT) -> NodeAssignment:
+def nodes(
+    nnodes: int, nproc: int, node_rank: int, master_addr: str = "10.0.0.1", master_port: int = MASTER_PORT
+) -> NodeAssignment:
     return NodeAssignment.single_node("job", nproc, master_addr, master_port, node_rank=node_rank, nnodes=nnodes)
 
 
@@ -28,8 +29,8 @@ V4_16 = TpuTopology(host_bounds="1,1,2", chips_per_host_bounds="2,2,1", generati
 
 # --- PJRT, every device ---------------------------------------------------------------
 
-@pytest.mark.parametrize("device, pjrt_name", [("tpu", "TPU"), ("neuron", "NEURON"), ("cuda", "CUDA"),
-                                               ("xpu", "XPU")])
+
+@pytest.mark.parametrize("device, pjrt_name", [("tpu", "TPU"), ("neuron", "NEURON"), ("cuda", "CUDA"), ("xpu", "XPU")])
 def test_every_pjrt_worker_gets_device_and_local_place(device, pjrt_name):
     env = xla_env(XlaOptions(device, "pjrt"), nodes(2, 4, node_rank=1), local_rank=3)
     assert env["PJRT_DEVICE"] == pjrt_name
@@ -53,11 +54,18 @@ def test_torchrun_contract_variables_are_left_to_the_launcher():
 
 # --- TPU --------------------------------------------------------------------------------
 
+
 def test_tpu_one_chip_per_process_with_known_topology():
     env = xla_env(XlaOptions("tpu", "pjrt", tpu_topology=V4_16), nodes(2, 4, node_rank=1), local_rank=2)
-    assert env == {"PJRT_DEVICE": "TPU", "PJRT_LOCAL_PROCESS_RANK": "2", "PJRT_LOCAL_PROCESS_COUNT": "4",
-                   "TPU_VISIBLE_CHIPS": "2", "TPU_PROCESS_PORT": "8478",
-                   "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1", "TPU_PROCESS_BOUNDS": "2,2,2"}
+    assert env == {
+        "PJRT_DEVICE": "TPU",
+        "PJRT_LOCAL_PROCESS_RANK": "2",
+        "PJRT_LOCAL_PROCESS_COUNT": "4",
+        "TPU_VISIBLE_CHIPS": "2",
+        "TPU_PROCESS_PORT": "8478",
+        "TPU_CHIPS_PER_PROCESS_BOUNDS": "1,1,1",
+        "TPU_PROCESS_BOUNDS": "2,2,2",
+    }
 
 
 def test_tpu_without_topology_leaves_bounds_to_torch_xla():
@@ -121,8 +129,9 @@ def test_multi_host_topology_is_unknown_without_the_environment():
     assert tpu.topology({}, local_chips=None, nnodes=1) is None
 
 
-@pytest.mark.parametrize("accelerator, generation", [("v4-8", 4), ("v5litepod-16", 5), ("v6e-8", 6),
-                                                     ("tpu7x-8", 7), ("mystery", None)])
+@pytest.mark.parametrize(
+    "accelerator, generation", [("v4-8", 4), ("v5litepod-16", 5), ("v6e-8", 6), ("tpu7x-8", 7), ("mystery", None)]
+)
 def test_generation_of_accelerator_type(accelerator, generation):
     assert tpu.generation_of(accelerator) == generation
 
@@ -133,6 +142,7 @@ def test_malformed_bounds_are_a_usage_error():
 
 
 # --- Neuron -------------------------------------------------------------------------------
+
 
 def test_neuron_gets_one_root_address_and_global_place():
     env = xla_env(XlaOptions("neuron", "pjrt"), nodes(2, 32, node_rank=1), local_rank=5)
@@ -174,6 +184,7 @@ def test_neuron_spmd_across_nodes_without_a_core_count_is_refused():
 
 # --- CUDA, CPU ---------------------------------------------------------------------------------
 
+
 def test_cuda_coordinator_port_follows_the_rule_and_the_override():
     node = nodes(2, 8, 1)
     assert xla_env(XlaOptions("cuda", "pjrt"), node, 0)["XLA_COORDINATOR_PORT"] == str(COORDINATOR_PORT)
@@ -187,16 +198,20 @@ def test_cpu_virtual_devices():
     assert "CPU_NUM_DEVICES" not in xla_env(XlaOptions("cpu", "pjrt"), nodes(1, 2, 0), 1)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"device": "tpu", "runtime": "pjrt", "virtual_devices": 4}, "cpu device only"),
-    ({"device": "cuda", "runtime": "xrt", "spmd": True}, "PJRT"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"device": "tpu", "runtime": "pjrt", "virtual_devices": 4}, "cpu device only"),
+        ({"device": "cuda", "runtime": "xrt", "spmd": True}, "PJRT"),
+    ],
+)
 def test_bad_options_are_usage_errors(kwargs, message):
     with pytest.raises(UsageError, match=message):
         XlaOptions(**kwargs)
 
 
 # --- XRT ------------------------------------------------------------------------------------------
+
 
 def test_xrt_gets_per_process_values_and_one_mesh_address():
     env = xla_env(XlaOptions("cuda", "xrt"), nodes(2, 4, node_rank=1), local_rank=3)
@@ -222,6 +237,7 @@ def test_xrt_on_tpu_is_a_usage_error():
 
 # --- coordinator port ------------------------------------------------------------------------------
 
+
 def test_coordinator_port_rule_examples():
     assert coordinator_port(29500) == 61756
     assert coordinator_port(29501) == 61757
@@ -240,8 +256,11 @@ def test_coordinator_port_is_a_distinct_unprivileged_port_for_every_master_port(
 
 def test_every_node_computes_the_same_coordinator_address():
     options = XlaOptions("neuron", "pjrt")
-    addresses = {xla_env(options, nodes(4, 2, node_rank), local_rank)["NEURON_RT_ROOT_COMM_ID"]
-                 for node_rank in range(4) for local_rank in range(2)}
+    addresses = {
+        xla_env(options, nodes(4, 2, node_rank), local_rank)["NEURON_RT_ROOT_COMM_ID"]
+        for node_rank in range(4)
+        for local_rank in range(2)
+    }
     assert addresses == {f"10.0.0.1:{COORDINATOR_PORT}"}
 
 
@@ -311,6 +330,7 @@ def test_environment_size_with_comparable_ranks_is_identical():
 
 # --- user precedence ----------------------------------------------------------------------------------
 
+
 def test_users_setting_wins_with_one_notice_line():
     planned = xla_env(XlaOptions("neuron", "pjrt"), nodes(2, 2, 0), 1)
     environ = {"NEURON_RT_ROOT_COMM_ID": "10.9.9.9:7000", "NEURON_PJRT_WORLD_SIZE": "8", "HOME": "/root"}
@@ -339,22 +359,33 @@ def test_no_notice_when_user_sets_nothing_of_ours():
 
 def test_notice_is_the_same_for_every_local_rank():
     environ = {"TPU_VISIBLE_CHIPS": "7"}
-    notices = {tuple(apply_user_precedence(xla_env(XlaOptions("tpu", "pjrt"), nodes(1, 4, 0), rank), environ)[1])
-               for rank in range(4)}
+    notices = {
+        tuple(apply_user_precedence(xla_env(XlaOptions("tpu", "pjrt"), nodes(1, 4, 0), rank), environ)[1])
+        for rank in range(4)
+    }
     assert len(notices) == 1
 
 
 # --- packages: runtime resolution and preflight --------------------------------------------------------
+
 
 def versions(**installed):
     """A version lookup for packages that need not be installed here."""
     return installed.get
 
 
-@pytest.mark.parametrize("requested, xla_version, runtime", [
-    ("auto", "2.9.0", "pjrt"), ("auto", "2.1.0+libtpu", "pjrt"), ("auto", "2.0.0", "xrt"),
-    ("auto", "1.13.1", "xrt"), ("auto", None, "pjrt"), ("xrt", "2.0", "xrt"), ("pjrt", "2.0.0", "pjrt"),
-])
+@pytest.mark.parametrize(
+    "requested, xla_version, runtime",
+    [
+        ("auto", "2.9.0", "pjrt"),
+        ("auto", "2.1.0+libtpu", "pjrt"),
+        ("auto", "2.0.0", "xrt"),
+        ("auto", "1.13.1", "xrt"),
+        ("auto", None, "pjrt"),
+        ("xrt", "2.0", "xrt"),
+        ("pjrt", "2.0.0", "pjrt"),
+    ],
+)
 def test_resolve_runtime(requested, xla_version, runtime):
     assert packages.resolve_runtime(requested, xla_version) == runtime
 
@@ -375,36 +406,43 @@ def test_preflight_accepts_matching_pair():
 
 
 def test_preflight_takes_a_libtpu_from_tpu_library_path_or_a_bundling_build():
-    packages.preflight("tpu", "pjrt", tpu_library_path="/opt/libtpu.so",
-                       version_of=versions(torch="2.9.0", torch_xla="2.9.0"))
+    packages.preflight(
+        "tpu", "pjrt", tpu_library_path="/opt/libtpu.so", version_of=versions(torch="2.9.0", torch_xla="2.9.0")
+    )
     packages.preflight("tpu", "pjrt", version_of=versions(torch="2.1.0", torch_xla="2.1.0+libtpu"))
 
 
-@pytest.mark.parametrize("device, runtime, installed, kwargs, message", [
-    ("tpu", "pjrt", {"torch": "2.9.0"}, {}, "needs torch_xla, which is not installed"),
-    ("cpu", "pjrt", {"torch": "2.9.0"}, {"spmd": True}, "needs torch_xla"),
-    ("cpu", "pjrt", {"torch": "2.9.0"}, {"virtual_devices": 4}, "needs torch_xla"),
-    ("tpu", "pjrt", {"torch": "2.8.0", "torch_xla": "2.9.0"}, {}, "torch_xla 2.9.0 needs torch 2.9.x"),
-    ("tpu", "pjrt", {"torch_xla": "2.9.0"}, {}, "needs torch 2.9.x, which is not installed"),
-    ("cuda", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "no CUDA support"),
-    ("cuda", "pjrt", {"torch": "2.1.2", "torch_xla": "2.1.0"}, {}, "needs torch_xla 2.2 to 2.8"),
-    ("cuda", "xrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "2.1 removed XRT"),
-    ("neuron", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "libneuronxla"),
-    ("tpu", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, r"needs libtpu.*torch_xla\[tpu\]==2.9.0"),
-])
+@pytest.mark.parametrize(
+    "device, runtime, installed, kwargs, message",
+    [
+        ("tpu", "pjrt", {"torch": "2.9.0"}, {}, "needs torch_xla, which is not installed"),
+        ("cpu", "pjrt", {"torch": "2.9.0"}, {"spmd": True}, "needs torch_xla"),
+        ("cpu", "pjrt", {"torch": "2.9.0"}, {"virtual_devices": 4}, "needs torch_xla"),
+        ("tpu", "pjrt", {"torch": "2.8.0", "torch_xla": "2.9.0"}, {}, "torch_xla 2.9.0 needs torch 2.9.x"),
+        ("tpu", "pjrt", {"torch_xla": "2.9.0"}, {}, "needs torch 2.9.x, which is not installed"),
+        ("cuda", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "no CUDA support"),
+        ("cuda", "pjrt", {"torch": "2.1.2", "torch_xla": "2.1.0"}, {}, "needs torch_xla 2.2 to 2.8"),
+        ("cuda", "xrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "2.1 removed XRT"),
+        ("neuron", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, "libneuronxla"),
+        ("tpu", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0"}, {}, r"needs libtpu.*torch_xla\[tpu\]==2.9.0"),
+    ],
+)
 def test_preflight_refuses_with_one_line(device, runtime, installed, kwargs, message):
     with pytest.raises(UsageError, match=message) as caught:
         packages.preflight(device, runtime, version_of=versions(**installed), **kwargs)
     assert "\n" not in str(caught.value)
 
 
-@pytest.mark.parametrize("device, runtime, installed", [
-    ("cpu", "pjrt", {"torch": "2.9.0"}),  # plain torch CPU workers need no XLA
-    ("cuda", "pjrt", {"torch": "2.8.0", "torch_xla": "2.8.0"}),
-    ("cuda", "xrt", {"torch": "2.0.1", "torch_xla": "2.0"}),
-    ("cpu", "xrt", {"torch": "1.13.1", "torch_xla": "1.13"}),
-    ("neuron", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0", "libneuronxla": "2.2.0"}),
-])
+@pytest.mark.parametrize(
+    "device, runtime, installed",
+    [
+        ("cpu", "pjrt", {"torch": "2.9.0"}),  # plain torch CPU workers need no XLA
+        ("cuda", "pjrt", {"torch": "2.8.0", "torch_xla": "2.8.0"}),
+        ("cuda", "xrt", {"torch": "2.0.1", "torch_xla": "2.0"}),
+        ("cpu", "xrt", {"torch": "1.13.1", "torch_xla": "1.13"}),
+        ("neuron", "pjrt", {"torch": "2.9.0", "torch_xla": "2.9.0", "libneuronxla": "2.2.0"}),
+    ],
+)
 def test_preflight_accepts(device, runtime, installed):
     packages.preflight(device, runtime, version_of=versions(**installed))
 
@@ -416,12 +454,16 @@ def test_preflight_on_this_python_accepts_cpu():
 
 # ---- MegaScale (several TPU slices)
 
-@pytest.mark.parametrize("address, split", [
-    ("coordinator.svc:8080", ("coordinator.svc", 8080)),
-    ("[fe80::1]:8081", ("fe80::1", 8081)),
-    ("coordinator.svc", ("coordinator.svc", None)),
-    ("fe80::1", ("fe80::1", None)),
-])
+
+@pytest.mark.parametrize(
+    "address, split",
+    [
+        ("coordinator.svc:8080", ("coordinator.svc", 8080)),
+        ("[fe80::1]:8081", ("fe80::1", 8081)),
+        ("coordinator.svc", ("coordinator.svc", None)),
+        ("fe80::1", ("fe80::1", None)),
+    ],
+)
 def test_a_coordinator_address_splits_into_host_and_port(address, split):
     assert megascale.split_port(address) == split
 
@@ -431,37 +473,59 @@ def test_torch_xla_tpu_workers_get_the_megascale_settings_with_node_0_as_coordin
     options = XlaOptions(device="tpu", runtime="pjrt", tpu_topology=V4_16, megascale=joined)
     variables = xla_env(options, nodes(4, 4, 3, master_addr="slice0-host0"), 2)
     assert {name: variables[name] for name in variables if name.startswith("MEGASCALE_")} == {
-        "MEGASCALE_COORDINATOR_ADDRESS": "slice0-host0:8080", "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1"}
+        "MEGASCALE_COORDINATOR_ADDRESS": "slice0-host0:8080",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+    }
     assert variables["TPU_PROCESS_BOUNDS"] == "2,2,2"  # one slice's bounds: libtpu joins the slices
     given = megascale.MegaScale(slices=2, slice_id=1, coordinator="coord:9000", port=9001)
-    assert given.variables("slice0-host0") == {"MEGASCALE_COORDINATOR_ADDRESS": "coord:9000",
-                                               "MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1",
-                                               "MEGASCALE_PORT": "9001"}
+    assert given.variables("slice0-host0") == {
+        "MEGASCALE_COORDINATOR_ADDRESS": "coord:9000",
+        "MEGASCALE_NUM_SLICES": "2",
+        "MEGASCALE_SLICE_ID": "1",
+        "MEGASCALE_PORT": "9001",
+    }
 
 
-@pytest.mark.parametrize("environ, expected", [
-    ({}, None),
-    ({"MEGASCALE_NUM_SLICES": "1", "MEGASCALE_SLICE_ID": "7"}, None),
-    ({"MEGASCALE_NUM_SLICES": "3", "MEGASCALE_SLICE_ID": "2", "MEGASCALE_COORDINATOR_ADDRESS": "c:1"},
-     megascale.MegaScale(slices=3, slice_id=2, coordinator="c:1")),
-])
+@pytest.mark.parametrize(
+    "environ, expected",
+    [
+        ({}, None),
+        ({"MEGASCALE_NUM_SLICES": "1", "MEGASCALE_SLICE_ID": "7"}, None),
+        (
+            {"MEGASCALE_NUM_SLICES": "3", "MEGASCALE_SLICE_ID": "2", "MEGASCALE_COORDINATOR_ADDRESS": "c:1"},
+            megascale.MegaScale(slices=3, slice_id=2, coordinator="c:1"),
+        ),
+    ],
+)
 def test_megascale_settings_are_read_for_several_slices_only(environ, expected):
     assert megascale.read_megascale(environ) == expected
 
 
-@pytest.mark.parametrize("environ, message", [
-    ({"MEGASCALE_NUM_SLICES": "two"}, "MEGASCALE_NUM_SLICES='two' is not a whole number"),
-    ({"MEGASCALE_NUM_SLICES": "2"}, "MEGASCALE_SLICE_ID is unset"),
-    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "2"}, "MEGASCALE_SLICE_ID=2 is outside"),
-    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "c"},
-     "MEGASCALE_COORDINATOR_ADDRESS='c' has no port"),
-    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "c:0"},
-     "MEGASCALE_COORDINATOR_ADDRESS='c:0' has port 0, not a TCP port"),
-    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_PORT": "0"},
-     "MEGASCALE_PORT=0 is not a TCP port"),
-    ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "SKIP_MEGASCALE_PJRT_CLIENT": "true"},
-     "SKIP_MEGASCALE_PJRT_CLIENT is set"),
-])
+@pytest.mark.parametrize(
+    "environ, message",
+    [
+        ({"MEGASCALE_NUM_SLICES": "two"}, "MEGASCALE_NUM_SLICES='two' is not a whole number"),
+        ({"MEGASCALE_NUM_SLICES": "2"}, "MEGASCALE_SLICE_ID is unset"),
+        ({"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "2"}, "MEGASCALE_SLICE_ID=2 is outside"),
+        (
+            {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "c"},
+            "MEGASCALE_COORDINATOR_ADDRESS='c' has no port",
+        ),
+        (
+            {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "c:0"},
+            "MEGASCALE_COORDINATOR_ADDRESS='c:0' has port 0, not a TCP port",
+        ),
+        (
+            {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_PORT": "0"},
+            "MEGASCALE_PORT=0 is not a TCP port",
+        ),
+        (
+            {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "SKIP_MEGASCALE_PJRT_CLIENT": "true"},
+            "SKIP_MEGASCALE_PJRT_CLIENT is set",
+        ),
+    ],
+)
 def test_megascale_settings_libtpu_cannot_join_are_refused(environ, message):
     with pytest.raises(UsageError, match="^" + re.escape(message)):
         megascale.read_megascale(environ)

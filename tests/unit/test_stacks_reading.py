@@ -21,8 +21,13 @@ def test_a_dump_path_where_xlarun_puts_it_is_taken() -> None:
 
 
 def test_a_dump_path_elsewhere_is_not() -> None:
-    for stacks in (f"{RUN}/attempt_0/1/../../../../etc/shadow", "/etc/shadow", f"{RUN}/attempt_0/1/secret.txt",
-                   f"{RUN}/attempt_0/0/stacks.txt", "attempt_0/1/stacks.txt"):
+    for stacks in (
+        f"{RUN}/attempt_0/1/../../../../etc/shadow",
+        "/etc/shadow",
+        f"{RUN}/attempt_0/1/secret.txt",
+        f"{RUN}/attempt_0/0/stacks.txt",
+        "attempt_0/1/stacks.txt",
+    ):
         assert _dump_path(worker_environ(stacks)) is None, stacks
     for error_file in (f"{RUN}/other/1/error.json", f"{RUN}/attempt_0/x/error.json"):
         stacks = os.path.join(os.path.dirname(error_file), "stacks.txt")

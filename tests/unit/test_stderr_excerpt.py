@@ -5,10 +5,18 @@ from __future__ import annotations
 from xlarun.failures import QUOTED_STDERR_LINES, stderr_excerpt
 
 WARNING = ["/srv/train.py:3: UserWarning: deprecated", "  warnings.warn(warn_msg)"]
-FIRST = ["Traceback (most recent call last):", '  File "/srv/train.py", line 9, in load', "    table[key]",
-         "KeyError: 'step'"]
-SECOND = ["Traceback (most recent call last):", '  File "/srv/train.py", line 12, in <module>', "    load()",
-          "RuntimeError: no step"]
+FIRST = [
+    "Traceback (most recent call last):",
+    '  File "/srv/train.py", line 9, in load',
+    "    table[key]",
+    "KeyError: 'step'",
+]
+SECOND = [
+    "Traceback (most recent call last):",
+    '  File "/srv/train.py", line 12, in <module>',
+    "    load()",
+    "RuntimeError: no step",
+]
 
 
 def test_the_last_traceback_is_quoted_from_its_first_line_to_the_end() -> None:
@@ -17,8 +25,10 @@ def test_the_last_traceback_is_quoted_from_its_first_line_to_the_end() -> None:
 
 
 def test_a_chained_traceback_is_quoted_with_the_exceptions_before_it() -> None:
-    for chaining in ("During handling of the above exception, another exception occurred:",
-                     "The above exception was the direct cause of the following exception:"):
+    for chaining in (
+        "During handling of the above exception, another exception occurred:",
+        "The above exception was the direct cause of the following exception:",
+    ):
         chain = [*FIRST, "", chaining, "", *SECOND]
         assert stderr_excerpt([*WARNING, *chain]) == "\n".join(chain)
 
@@ -28,9 +38,14 @@ def test_an_earlier_traceback_that_is_not_chained_is_left_out() -> None:
 
 
 def test_an_exception_group_traceback_is_found() -> None:
-    group = ["  + Exception Group Traceback (most recent call last):", '  |   File "/srv/train.py", line 5, in <module>',
-             "  | ExceptionGroup: two (2 sub-exceptions)", "  +-+---------------- 1 ----------------",
-             "    | Traceback (most recent call last):", "    | ValueError: a"]
+    group = [
+        "  + Exception Group Traceback (most recent call last):",
+        '  |   File "/srv/train.py", line 5, in <module>',
+        "  | ExceptionGroup: two (2 sub-exceptions)",
+        "  +-+---------------- 1 ----------------",
+        "    | Traceback (most recent call last):",
+        "    | ValueError: a",
+    ]
     assert stderr_excerpt([*WARNING, *group]) == "\n".join(group)
 
 

@@ -30,9 +30,17 @@ class FakeProcess:
     """A worker that exits at once with ``exit_code`` (when given), with 0 when ``finishes_on`` reaches
     its group, or dies of any other signal but SIGUSR1, SIGUSR2 and those it ``ignores``."""
 
-    def __init__(self, spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget, *,
-                 exit_code: int | None = None, ignores: tuple[int, ...] = (), finishes_on: int | None = None,
-                 stderr_text: bytes = b""):
+    def __init__(
+        self,
+        spec: WorkerSpec,
+        stdout: StreamTarget,
+        stderr: StreamTarget,
+        *,
+        exit_code: int | None = None,
+        ignores: tuple[int, ...] = (),
+        finishes_on: int | None = None,
+        stderr_text: bytes = b"",
+    ):
         self.pid = next(_pids)
         self.spec = spec
         self.signals: list[int] = []
@@ -105,16 +113,22 @@ class FakeInbox:
 
 def spec(local_rank: int) -> WorkerSpec:
     quiet = StreamPlan()
-    logs = WorkerLogPlan(directory="", error_file=f"/nonexistent/{local_rank}/error.json", stdout=quiet,
-                         stderr=StreamPlan(relay=True))
+    logs = WorkerLogPlan(
+        directory="", error_file=f"/nonexistent/{local_rank}/error.json", stdout=quiet, stderr=StreamPlan(relay=True)
+    )
     return WorkerSpec(local_rank=local_rank, rank=local_rank, argv=["train.py"], env={}, logs=logs)
 
 
-def run_group(behaviour: dict[int, dict[str, object]], *, inbox: FakeInbox | None = None,
-              kill_timeout: float = 30.0, count: int = 2,
-              failures: list[WorkerResult] | None = None,
-              before_run: Callable[[WorkerGroup], None] | None = None,
-              **group_options: Any) -> tuple[GroupOutcome, list[FakeProcess]]:
+def run_group(
+    behaviour: dict[int, dict[str, object]],
+    *,
+    inbox: FakeInbox | None = None,
+    kill_timeout: float = 30.0,
+    count: int = 2,
+    failures: list[WorkerResult] | None = None,
+    before_run: Callable[[WorkerGroup], None] | None = None,
+    **group_options: Any,
+) -> tuple[GroupOutcome, list[FakeProcess]]:
     """Run ``count`` fake workers; ``behaviour[local_rank]`` holds FakeProcess's keyword arguments
     (or ``{"cannot_start": True}``); ``group_options`` go to the group, which ``before_run`` sees first."""
     started: list[FakeProcess] = []
@@ -127,9 +141,13 @@ def run_group(behaviour: dict[int, dict[str, object]], *, inbox: FakeInbox | Non
         started.append(process)
         return process
 
-    group = WorkerGroup([spec(rank) for rank in range(count)], kill_timeout=kill_timeout,
-                        on_failure=None if failures is None else failures.append, start_process=start,
-                        **group_options)
+    group = WorkerGroup(
+        [spec(rank) for rank in range(count)],
+        kill_timeout=kill_timeout,
+        on_failure=None if failures is None else failures.append,
+        start_process=start,
+        **group_options,
+    )
     if before_run is not None:
         before_run(group)
     return group.run(inbox or FakeInbox()), started  # type: ignore[arg-type]
@@ -137,8 +155,9 @@ def run_group(behaviour: dict[int, dict[str, object]], *, inbox: FakeInbox | Non
 
 def test_a_failure_stops_the_peers_and_is_the_only_failure_reported() -> None:
     reported: list[WorkerResult] = []
-    outcome, (first, second) = run_group({1: {"exit_code": 3, "stderr_text": b"boom\nRuntimeError: bad\n"}},
-                                         failures=reported)
+    outcome, (first, second) = run_group(
+        {1: {"exit_code": 3, "stderr_text": b"boom\nRuntimeError: bad\n"}}, failures=reported
+    )
     assert [result.returncode for result in outcome.results] == [-signal.SIGTERM, 3]
     assert [result.local_rank for result in outcome.failures] == [1] == [result.local_rank for result in reported]
     assert outcome.failures[0].stderr_tail == ["boom", "RuntimeError: bad"]
@@ -173,8 +192,9 @@ def test_sigusr1_reaches_every_worker_and_the_run_goes_on() -> None:
     inbox = FakeInbox()
     inbox.send(signal.SIGUSR1)
     # Both finish once the signal reached them: the run was not stopped on its account.
-    outcome, processes = run_group({0: {"finishes_on": signal.SIGUSR1}, 1: {"finishes_on": signal.SIGUSR1}},
-                                   inbox=inbox)
+    outcome, processes = run_group(
+        {0: {"finishes_on": signal.SIGUSR1}, 1: {"finishes_on": signal.SIGUSR1}}, inbox=inbox
+    )
     assert outcome.succeeded
     assert all(process.signals == [signal.SIGUSR1, signal.SIGTERM] for process in processes)
 
@@ -199,8 +219,10 @@ def test_a_second_stop_signal_skips_the_grace_period(second_signal: int) -> None
 
 def test_a_stop_asked_for_after_the_group_is_gone_writes_nowhere(tmp_path: Path) -> None:
     """A rendezvous watcher may pass on news after the loop closed its stop pipe."""
-    group = WorkerGroup([spec(0)], start_process=lambda worker_spec, stdout, stderr:
-                        FakeProcess(worker_spec, stdout, stderr, exit_code=0))
+    group = WorkerGroup(
+        [spec(0)],
+        start_process=lambda worker_spec, stdout, stderr: FakeProcess(worker_spec, stdout, stderr, exit_code=0),
+    )
     assert group.run(FakeInbox()).succeeded  # type: ignore[arg-type]
     bystander = tmp_path / "bystander"
     with open(bystander, "wb"):  # it may get the pipe's descriptor numbers, now free
@@ -237,8 +259,9 @@ def test_a_silent_idle_group_is_found_hung_told_first_then_stopped() -> None:
     """Stand-ins use no CPU and, after their first line, say nothing: hung once the timeout passes.
     They never armed a stack dump, so none is asked of them."""
     heard: list[object] = []
-    outcome, workers = run_group({0: {"stderr_text": b"started\n"}}, hang_timeout=0.2, on_hang=heard.append,
-                                 on_stacks=heard.append)
+    outcome, workers = run_group(
+        {0: {"stderr_text": b"started\n"}}, hang_timeout=0.2, on_hang=heard.append, on_stacks=heard.append
+    )
     assert outcome.hang is not None and outcome.hang.found_here
     assert outcome.hang.positions == {0: UNKNOWN, 1: UNKNOWN} and outcome.hang.stacks_files == {}
     assert heard == [outcome.hang.reason, outcome.hang] and outcome.hang.reason.startswith("no output for ")
@@ -249,8 +272,12 @@ def test_a_silent_idle_group_is_found_hung_told_first_then_stopped() -> None:
 
 def test_a_hang_another_node_found_takes_the_stacks_and_stops_without_telling_again() -> None:
     heard: list[object] = []
-    outcome, workers = run_group({}, on_hang=heard.append, on_stacks=heard.append,
-                                 before_run=lambda group: group.request_stop("node 1: no output", hung=True))
+    outcome, workers = run_group(
+        {},
+        on_hang=heard.append,
+        on_stacks=heard.append,
+        before_run=lambda group: group.request_stop("node 1: no output", hung=True),
+    )
     assert outcome.hang is not None and not outcome.hang.found_here
     assert heard == [outcome.hang] and outcome.stop_reason == "node 1: no output"
     assert [worker.signals for worker in workers] == [[signal.SIGTERM], [signal.SIGTERM]]
@@ -268,11 +295,14 @@ def test_without_a_timeout_a_silent_group_runs_on() -> None:
     assert outcome.hang is None and outcome.stop_reason == "stopped from outside"
 
 
-@pytest.mark.parametrize("kill_timeout, hang_timeout", [(1e308, None), (float("inf"), None), (30.0, float("inf")),
-                                                        (30.0, 1e308)], ids=["huge-grace", "endless-grace",
-                                                                             "endless-hang-timeout", "huge-hang-timeout"])
-def test_huge_or_endless_durations_are_waited_out_in_bounded_waits(kill_timeout: float,
-                                                                   hang_timeout: float | None) -> None:
+@pytest.mark.parametrize(
+    "kill_timeout, hang_timeout",
+    [(1e308, None), (float("inf"), None), (30.0, float("inf")), (30.0, 1e308)],
+    ids=["huge-grace", "endless-grace", "endless-hang-timeout", "huge-hang-timeout"],
+)
+def test_huge_or_endless_durations_are_waited_out_in_bounded_waits(
+    kill_timeout: float, hang_timeout: float | None
+) -> None:
     """``select`` refuses a wait past about 24 days: the loop waits in bounded steps."""
     outcome, (peer, _) = run_group({1: {"exit_code": 3}}, kill_timeout=kill_timeout, hang_timeout=hang_timeout)
     assert [result.returncode for result in outcome.results] == [-signal.SIGTERM, 3]

@@ -37,16 +37,26 @@ def write_record(path: Path, traceback: str = "Traceback\nRuntimeError: boom", t
 
 def failed_worker(error_file: Path | str = "", stderr_tail: list[str] | None = None) -> WorkerResult:
     now = time.time()
-    return WorkerResult(local_rank=0, rank=0, pid=4242, started_at=now - 1, returncode=3, ended_at=now,
-                        error_file=str(error_file), stderr_tail=stderr_tail or ["RuntimeError: from stderr"])
+    return WorkerResult(
+        local_rank=0,
+        rank=0,
+        pid=4242,
+        started_at=now - 1,
+        returncode=3,
+        ended_at=now,
+        error_file=str(error_file),
+        stderr_tail=stderr_tail or ["RuntimeError: from stderr"],
+    )
 
 
 # ---- the error file's timestamp, shape and size
 
 
-@pytest.mark.parametrize("timestamp", ["inf", "-inf", "nan", "1e20", "-5e15", "1e400", 10 ** 400, "946684799",
-                                       str(int(time.time()) + 2 * 86400)],
-                         ids=["inf", "-inf", "nan", "1e20", "-5e15", "1e400", "huge-int", "1999", "day-after-tomorrow"])
+@pytest.mark.parametrize(
+    "timestamp",
+    ["inf", "-inf", "nan", "1e20", "-5e15", "1e400", 10**400, "946684799", str(int(time.time()) + 2 * 86400)],
+    ids=["inf", "-inf", "nan", "1e20", "-5e15", "1e400", "huge-int", "1999", "day-after-tomorrow"],
+)
 def test_a_timestamp_out_of_range_gives_way_to_the_workers_exit_time(tmp_path: Path, timestamp: object) -> None:
     result = failed_worker(write_record(tmp_path / "error.json", timestamp=timestamp))
     failure = failure_of(result)
@@ -141,8 +151,15 @@ def test_short_text_is_quoted_whole() -> None:
 
 
 def test_the_report_shows_control_characters_escaped_but_newlines_and_tabs() -> None:
-    failure = FailureRecord(rank=0, local_rank=0, returncode=3, pid=1, time=time.time(), host="h",
-                            traceback="a\x1b[2J\x1b]0;title\x07\r\x9b1m\x00\x7f\tb\nRuntimeError: \ud800end")
+    failure = FailureRecord(
+        rank=0,
+        local_rank=0,
+        returncode=3,
+        pid=1,
+        time=time.time(),
+        host="h",
+        traceback="a\x1b[2J\x1b]0;title\x07\r\x9b1m\x00\x7f\tb\nRuntimeError: \ud800end",
+    )
     report = format_report("train.py", [failure])
     assert not set(report) & {"\x1b", "\x07", "\r", "\x9b", "\x00", "\x7f", "\ud800"}
     assert "  traceback : a\\x1b[2J\\x1b]0;title\\x07\\r\\x9b1m\\x00\\x7f\tb\n  RuntimeError: \\ud800end" in report
@@ -173,19 +190,24 @@ def test_the_summary_gets_the_mode_open_would_give(tmp_path: Path) -> None:
     assert (tmp_path / "summary.json").stat().st_mode & 0o777 == 0o644
 
 
-@pytest.mark.parametrize("path", ["/proc/1/summary.json", "/proc/1/reports/ci/summary.json"],
-                         ids=["its-directory", "the-nearest-directory-that-exists"])
+@pytest.mark.parametrize(
+    "path",
+    ["/proc/1/summary.json", "/proc/1/reports/ci/summary.json"],
+    ids=["its-directory", "the-nearest-directory-that-exists"],
+)
 def test_a_summary_file_in_a_directory_nobody_may_write_is_refused(path: str) -> None:
     assert not os.access("/proc/1", os.W_OK)
-    assert f"--summary-file='{path}' is invalid (/proc/1 is not writable)" in refusal("--summary-file", path,
-                                                                                       "train.py")
+    assert f"--summary-file='{path}' is invalid (/proc/1 is not writable)" in refusal(
+        "--summary-file", path, "train.py"
+    )
 
 
 # ---- the run id
 
 
-@pytest.mark.parametrize("run_id", ["../../esc", "a/b", "/abs", "a\nb", "a\x00b", "\x1b[2J", "tab\tbed", "\x85",
-                                    ".", ".."])
+@pytest.mark.parametrize(
+    "run_id", ["../../esc", "a/b", "/abs", "a\nb", "a\x00b", "\x1b[2J", "tab\tbed", "\x85", ".", ".."]
+)
 def test_a_run_id_that_is_not_one_directory_name_is_refused(run_id: str) -> None:
     # A master port given: without one, torchrun 2.12 and newer run a lone node on a fresh run id.
     message = refusal("--rdzv-id", run_id, "--master-port", "29500", "train.py")
@@ -195,7 +217,8 @@ def test_a_run_id_that_is_not_one_directory_name_is_refused(run_id: str) -> None
 
 def test_a_run_id_from_the_environment_is_checked_too() -> None:
     assert "--rdzv-id (from PET_RDZV_ID)='../x' cannot be a run id" in refusal(
-        "train.py", env={"PET_RDZV_ID": "../x", "PET_MASTER_PORT": "29500"})
+        "train.py", env={"PET_RDZV_ID": "../x", "PET_MASTER_PORT": "29500"}
+    )
 
 
 @pytest.mark.parametrize("run_id", ["job-42.1", "._hidden", "...", "élan", "a b"])
@@ -280,15 +303,22 @@ def test_a_store_that_comes_late_is_reached_with_the_full_call_timeout() -> None
 # ---- numbers a scheduler gives
 
 
-@pytest.mark.parametrize("kind, environ, variable", [
-    ("slurm", {"SLURM_JOB_ID": "1" * 5000, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n1"}, "SLURM_JOB_ID"),
-    ("slurm", {"SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n[1-" + "9" * 5000 + "]"},
-     "SLURM_JOB_NODELIST"),
-    ("mpi", {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0" + "1" * 19}, "OMPI_COMM_WORLD_RANK"),
-    ("gke-tpu", {"TPU_WORKER_ID": "1" * 4301, "TPU_WORKER_HOSTNAMES": "a,b"}, "TPU_WORKER_ID"),
-])
-def test_a_schedulers_number_past_64_bits_is_refused_naming_its_variable(kind: str, environ: dict[str, str],
-                                                                         variable: str) -> None:
+@pytest.mark.parametrize(
+    "kind, environ, variable",
+    [
+        ("slurm", {"SLURM_JOB_ID": "1" * 5000, "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n1"}, "SLURM_JOB_ID"),
+        (
+            "slurm",
+            {"SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n[1-" + "9" * 5000 + "]"},
+            "SLURM_JOB_NODELIST",
+        ),
+        ("mpi", {"OMPI_COMM_WORLD_SIZE": "2", "OMPI_COMM_WORLD_RANK": "0" + "1" * 19}, "OMPI_COMM_WORLD_RANK"),
+        ("gke-tpu", {"TPU_WORKER_ID": "1" * 4301, "TPU_WORKER_HOSTNAMES": "a,b"}, "TPU_WORKER_ID"),
+    ],
+)
+def test_a_schedulers_number_past_64_bits_is_refused_naming_its_variable(
+    kind: str, environ: dict[str, str], variable: str
+) -> None:
     from xlarun.cli.cluster import detect_cluster
 
     with pytest.raises(UsageError, match=f"--cluster {kind}: {variable}") as refused:
@@ -299,6 +329,7 @@ def test_a_schedulers_number_past_64_bits_is_refused_naming_its_variable(kind: s
 def test_leading_zeros_do_not_count_as_digits() -> None:
     from xlarun.cli.cluster import detect_cluster
 
-    settings = detect_cluster("slurm", {"SLURM_JOB_ID": "0" * 30 + "7", "SLURM_NNODES": "1",
-                                        "SLURM_JOB_NODELIST": "n[" + "0" * 30 + "1-2]"})
+    settings = detect_cluster(
+        "slurm", {"SLURM_JOB_ID": "0" * 30 + "7", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n[" + "0" * 30 + "1-2]"}
+    )
     assert (settings.run_id, settings.master_addr) == ("7", "n" + "0" * 30 + "1")

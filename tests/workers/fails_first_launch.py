@@ -34,8 +34,14 @@ if failing_launch:
         sys.exit(3)
     while True:
         time.sleep(1)
-record = {"rank": rank, "pid": os.getpid(), "world": dist.get_world_size(), "sum": int(value.item()),
-          "run_id": os.environ["TORCHELASTIC_RUN_ID"], "master_port": os.environ["MASTER_PORT"]}
+record = {
+    "rank": rank,
+    "pid": os.getpid(),
+    "world": dist.get_world_size(),
+    "sum": int(value.item()),
+    "run_id": os.environ["TORCHELASTIC_RUN_ID"],
+    "master_port": os.environ["MASTER_PORT"],
+}
 with open(os.path.join(out, f"{rank}.json"), "w") as handle:
     json.dump(record, handle)
 dist.destroy_process_group()

@@ -16,8 +16,9 @@ import time
 rank, attempt = os.environ["RANK"], int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 failing, mark_dir = (int(sys.argv[1]), sys.argv[2]) if len(sys.argv) > 2 else (0, "")
 tag = f"r{rank} a{attempt}"
-sys.stdout.write(f"{tag} loss=1.5 step 1\n{tag} nothing to see\n{tag} acc, top1\r\n"
-                 f"{tag} progress 10%\r{tag} progress 20% loss\n")
+sys.stdout.write(
+    f"{tag} loss=1.5 step 1\n{tag} nothing to see\n{tag} acc, top1\r\n{tag} progress 10%\r{tag} progress 20% loss\n"
+)
 sys.stdout.flush()
 sys.stderr.write(f"{tag} warning: loss spike\n{tag} fine\n")
 sys.stderr.flush()

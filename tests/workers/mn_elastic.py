@@ -23,10 +23,17 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 value = torch.tensor([float(rank)])
 dist.all_reduce(value)
-record = {"rank": rank, "world": dist.get_world_size(), "env_world": int(os.environ["WORLD_SIZE"]),
-          "node": int(os.environ["GROUP_RANK"]), "nnodes": int(os.environ["GROUP_WORLD_SIZE"]), "attempt": attempt,
-          "pid": os.getpid(), "sum": int(value.item()),
-          "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}"}
+record = {
+    "rank": rank,
+    "world": dist.get_world_size(),
+    "env_world": int(os.environ["WORLD_SIZE"]),
+    "node": int(os.environ["GROUP_RANK"]),
+    "nnodes": int(os.environ["GROUP_WORLD_SIZE"]),
+    "attempt": attempt,
+    "pid": os.getpid(),
+    "sum": int(value.item()),
+    "master": f"{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+}
 with open(os.path.join(out, f"{attempt}.{rank}.json"), "w") as handle:
     json.dump(record, handle)
 if attempt < until:

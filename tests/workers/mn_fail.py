@@ -24,8 +24,13 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 value = torch.tensor([float(rank)])
 dist.all_reduce(value)
-record = {"rank": rank, "node": int(os.environ["GROUP_RANK"]), "attempt": attempt, "pid": os.getpid(),
-          "sum": int(value.item())}
+record = {
+    "rank": rank,
+    "node": int(os.environ["GROUP_RANK"]),
+    "attempt": attempt,
+    "pid": os.getpid(),
+    "sum": int(value.item()),
+}
 with open(os.path.join(out, f"{rank}.{attempt}.json"), "w") as handle:
     json.dump(record, handle)
 if attempt < failing_attempts and rank != failing_rank:

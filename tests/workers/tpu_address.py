@@ -25,7 +25,9 @@ with socket.socket() as listener:
 with open(os.path.join(os.environ["DUMP_DIR"], f"{rank}_{attempt}.json"), "w") as handle:
     json.dump({"env": dict(os.environ), "bound": bound}, handle)
 if attempt < int(sys.argv[1] if len(sys.argv) > 1 else 0) and rank == 0:
-    while not all(os.path.exists(os.path.join(os.environ["DUMP_DIR"], f"{other}_{attempt}.json"))
-                  for other in range(int(os.environ["WORLD_SIZE"]))):
+    while not all(
+        os.path.exists(os.path.join(os.environ["DUMP_DIR"], f"{other}_{attempt}.json"))
+        for other in range(int(os.environ["WORLD_SIZE"]))
+    ):
         time.sleep(0.02)
     raise SystemExit(3)

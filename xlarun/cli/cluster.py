@@ -142,7 +142,8 @@ class ClusterSettings:
         if self.master_addr is None:
             raise UsageError(
                 f"{flag('cluster')} {self.kind} cannot tell where node 0 runs; pass {flag('master_addr')} with"
-                f" the address of the host of rank 0 (the same on every node)")
+                f" the address of the host of rank 0 (the same on every node)"
+            )
         return self.master_addr
 
 
@@ -212,7 +213,8 @@ def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
             raise UsageError(
                 f"{flag('cluster')} slurm: this job has {nnodes} nodes but xlarun runs outside a job step,"
                 f" on one of them; start one per node with `srun --ntasks-per-node=1 xlarun ...`"
-                f" (or use {flag('cluster')} none for a one-node run)")
+                f" (or use {flag('cluster')} none for a one-node run)"
+            )
         node_rank_name, node_rank = nnodes_name, 0  # the job's only node
         step_id = None
     else:
@@ -224,7 +226,8 @@ def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
         if tasks and _most_tasks_on_a_node(tasks) > 1:
             raise UsageError(
                 f"{flag('cluster')} slurm: the step runs several tasks on a node (SLURM_STEP_TASKS_PER_NODE={tasks});"
-                f" xlarun must run once per node: use `srun --ntasks-per-node=1`")
+                f" xlarun must run once per node: use `srun --ntasks-per-node=1`"
+            )
     _check_node_rank(node_rank, nnodes, "slurm", "SLURM_NODEID")
 
     nodelist_name = _set_name(environ, nodelist_names)
@@ -233,17 +236,29 @@ def _read_slurm(environ: Mapping[str, str]) -> ClusterSettings:
     except UsageError as error:
         raise UsageError(f"{flag('cluster')} slurm: {nodelist_name}: {error}") from None
     run_id = str(job_id) if step_id is None else f"{job_id}.{step_id}"
-    return ClusterSettings(kind="slurm", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                           master_port=slurm_master_port(job_id, step_id or 0), run_id=run_id,
-                           read_from={"nnodes": nnodes_name, "node_rank": node_rank_name, "master_addr": nodelist_name,
-                                      "master_port": ", ".join(ids), "run_id": ", ".join(ids)})
+    return ClusterSettings(
+        kind="slurm",
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=slurm_master_port(job_id, step_id or 0),
+        run_id=run_id,
+        read_from={
+            "nnodes": nnodes_name,
+            "node_rank": node_rank_name,
+            "master_addr": nodelist_name,
+            "master_port": ", ".join(ids),
+            "run_id": ", ".join(ids),
+        },
+    )
 
 
 def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
     if _is_elastic_pytorchjob(environ):
         raise UsageError(
             f"{flag('cluster')} k8s: PET_NNODES={environ['PET_NNODES']} is an elastic PyTorchJob, which its"
-            f" PET_RDZV_* variables configure; run xlarun without {flag('cluster')}")
+            f" PET_RDZV_* variables configure; run xlarun without {flag('cluster')}"
+        )
     if _present(environ, "PET_NPROC_PER_NODE"):
         node_count_names: Sequence[str] = ("PET_NNODES",)  # WORLD_SIZE counts processes here
     else:
@@ -260,8 +275,7 @@ def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
     _check_node_rank(node_rank, nnodes, "k8s", rank_name)
 
     master_addr_name = _set_name(environ, ("PET_MASTER_ADDR", "MASTER_ADDR"))
-    if (node_rank == 0 and nnodes > 1 and _is_loopback(environ[master_addr_name])
-            and _present(environ, "HOSTNAME")):
+    if node_rank == 0 and nnodes > 1 and _is_loopback(environ[master_addr_name]) and _present(environ, "HOSTNAME"):
         master_addr_name = "HOSTNAME"
     master_addr = environ[master_addr_name]
     if not master_addr.strip():
@@ -276,27 +290,51 @@ def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
         read_from["master_port"] = _set_name(environ, port_names)
     if nproc_per_node is not None:
         read_from["nproc_per_node"] = "PET_NPROC_PER_NODE"
-    return ClusterSettings(kind="k8s", nnodes=nnodes, node_rank=node_rank, master_addr=master_addr,
-                           master_port=master_port, run_id=None, nproc_per_node=nproc_per_node, read_from=read_from)
+    return ClusterSettings(
+        kind="k8s",
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        run_id=None,
+        nproc_per_node=nproc_per_node,
+        read_from=read_from,
+    )
 
 
 def _read_gke_tpu(environ: Mapping[str, str]) -> ClusterSettings:
-    _require(environ, "gke-tpu", [("TPU_WORKER_ID",), ("TPU_WORKER_HOSTNAMES",)],
-             "these come from a multi-host TPU slice on GKE")
+    _require(
+        environ,
+        "gke-tpu",
+        [("TPU_WORKER_ID",), ("TPU_WORKER_HOSTNAMES",)],
+        "these come from a multi-host TPU slice on GKE",
+    )
     hostnames = environ["TPU_WORKER_HOSTNAMES"]
     hosts = [host.strip() for host in hostnames.split(",")]
     if not all(hosts):
-        raise UsageError(f"{flag('cluster')} gke-tpu: TPU_WORKER_HOSTNAMES={hostnames!r} has an empty entry;"
-                         f" it must be a comma-separated list of host names")
+        raise UsageError(
+            f"{flag('cluster')} gke-tpu: TPU_WORKER_HOSTNAMES={hostnames!r} has an empty entry;"
+            f" it must be a comma-separated list of host names"
+        )
     _, worker = _whole_number(environ, "gke-tpu", ("TPU_WORKER_ID",))
     _check_node_rank(worker, len(hosts), "gke-tpu", "TPU_WORKER_ID")
-    return _slice_settings("gke-tpu", hosts, worker, environ,
-                           {"nnodes": "TPU_WORKER_HOSTNAMES", "node_rank": "TPU_WORKER_ID",
-                            "master_addr": "TPU_WORKER_HOSTNAMES"})
+    return _slice_settings(
+        "gke-tpu",
+        hosts,
+        worker,
+        environ,
+        {"nnodes": "TPU_WORKER_HOSTNAMES", "node_rank": "TPU_WORKER_ID", "master_addr": "TPU_WORKER_HOSTNAMES"},
+    )
 
 
-def _slice_settings(kind: str, hosts: Sequence[str], worker: int, megascale_source: Mapping[str, str],
-                    read_from: Mapping[str, str], device_environ: Mapping[str, str] | None = None) -> ClusterSettings:
+def _slice_settings(
+    kind: str,
+    hosts: Sequence[str],
+    worker: int,
+    megascale_source: Mapping[str, str],
+    read_from: Mapping[str, str],
+    device_environ: Mapping[str, str] | None = None,
+) -> ClusterSettings:
     """A TPU host's place: worker ``worker`` of its slice's ``hosts``, and of the job's slices where
     ``megascale_source`` holds a multislice job's MegaScale settings (:mod:`xlarun.runtimes.megascale`).
 
@@ -308,24 +346,43 @@ def _slice_settings(kind: str, hosts: Sequence[str], worker: int, megascale_sour
     except UsageError as error:
         raise UsageError(f"{flag('cluster')} {kind}: {error}") from None
     if settings is None:
-        return ClusterSettings(kind=kind, nnodes=len(hosts), node_rank=worker, master_addr=hosts[0],
-                               master_port=None, run_id=None, device_environ=dict(device_environ or {}),
-                               read_from=read_from)
+        return ClusterSettings(
+            kind=kind,
+            nnodes=len(hosts),
+            node_rank=worker,
+            master_addr=hosts[0],
+            master_port=None,
+            run_id=None,
+            device_environ=dict(device_environ or {}),
+            read_from=read_from,
+        )
     bounds = megascale_source.get("TPU_HOST_BOUNDS", "")
-    shape_hosts = math.prod(map(int, bounds.split(","))) if re.fullmatch(r"[0-9]{1,4}(,[0-9]{1,4}){2}", bounds) else None
+    shape_hosts = (
+        math.prod(map(int, bounds.split(","))) if re.fullmatch(r"[0-9]{1,4}(,[0-9]{1,4}){2}", bounds) else None
+    )
     if shape_hosts is not None and shape_hosts != len(hosts):
         # Every slice of a job has one shape: a host count off its own means the slices would not agree.
-        raise UsageError(f"{flag('cluster')} {kind}: slice {settings.slice_id} lists {len(hosts)} hosts but its "
-                         f"host bounds {bounds} make {shape_hosts}: every slice of a multislice job must have as "
-                         "many hosts, node rank = slice id x hosts per slice + worker id")
+        raise UsageError(
+            f"{flag('cluster')} {kind}: slice {settings.slice_id} lists {len(hosts)} hosts but its "
+            f"host bounds {bounds} make {shape_hosts}: every slice of a multislice job must have as "
+            "many hosts, node rank = slice id x hosts per slice + worker id"
+        )
     master_addr = settings.coordinator_host or (hosts[0] if settings.slice_id == 0 else None)
-    read_from = {"nnodes": f"{megascale.NUM_SLICES}, {read_from['nnodes']}",
-                 "node_rank": f"{megascale.NUM_SLICES}, {megascale.SLICE_ID}, {read_from['node_rank']}",
-                 "master_addr": megascale.COORDINATOR if settings.coordinator else read_from["master_addr"]}
-    return ClusterSettings(kind=kind, nnodes=settings.slices * len(hosts),
-                           node_rank=megascale.node_rank(settings, worker, len(hosts)), master_addr=master_addr,
-                           master_port=None, run_id=None, device_environ=dict(device_environ or {}),
-                           read_from=read_from)
+    read_from = {
+        "nnodes": f"{megascale.NUM_SLICES}, {read_from['nnodes']}",
+        "node_rank": f"{megascale.NUM_SLICES}, {megascale.SLICE_ID}, {read_from['node_rank']}",
+        "master_addr": megascale.COORDINATOR if settings.coordinator else read_from["master_addr"],
+    }
+    return ClusterSettings(
+        kind=kind,
+        nnodes=settings.slices * len(hosts),
+        node_rank=megascale.node_rank(settings, worker, len(hosts)),
+        master_addr=master_addr,
+        master_port=None,
+        run_id=None,
+        device_environ=dict(device_environ or {}),
+        read_from=read_from,
+    )
 
 
 TPU_ENV_VARIABLES = {
@@ -350,17 +407,22 @@ def _read_tpu_vm(environ: Mapping[str, str]) -> ClusterSettings:
     try:
         answers = instance_attributes(TPU_VM_ATTRIBUTES, environ)
     except MetadataError as error:
-        raise UsageError(f"{flag('cluster')} tpu-vm: {error}; run on a TPU VM (or point GCE_METADATA_HOST at "
-                         "its metadata server)") from None
+        raise UsageError(
+            f"{flag('cluster')} tpu-vm: {error}; run on a TPU VM (or point GCE_METADATA_HOST at its metadata server)"
+        ) from None
     worker_text, endpoints_text, tpu_env_text = (answers[key].strip() for key in TPU_VM_ATTRIBUTES)
     endpoints = [endpoint.strip().split(":") for endpoint in endpoints_text.split(",")]
     if not all(len(parts) == 3 and _is_ip_address(parts[2]) for parts in endpoints):
-        raise UsageError(f"{flag('cluster')} tpu-vm: worker-network-endpoints='{shown(endpoints_text)}' is not a list "
-                         "of <name>:<uid>:<ip> entries")
+        raise UsageError(
+            f"{flag('cluster')} tpu-vm: worker-network-endpoints='{shown(endpoints_text)}' is not a list "
+            "of <name>:<uid>:<ip> entries"
+        )
     hosts = [parts[2] for parts in endpoints]
     if not _DIGITS.fullmatch(worker_text) or len(worker_text.lstrip("0")) > len(str(len(hosts))):
-        raise UsageError(f"{flag('cluster')} tpu-vm: agent-worker-number='{shown(worker_text, 40)}' is not a whole "
-                         f"number below the node count {len(hosts)}")
+        raise UsageError(
+            f"{flag('cluster')} tpu-vm: agent-worker-number='{shown(worker_text, 40)}' is not a whole "
+            f"number below the node count {len(hosts)}"
+        )
     node_rank = int(worker_text)
     _check_node_rank(node_rank, len(hosts), "tpu-vm", "agent-worker-number")
     facts = {"TPU_WORKER_ID": str(node_rank), "TPU_WORKER_HOSTNAMES": ",".join(hosts)}
@@ -372,13 +434,27 @@ def _read_tpu_vm(environ: Mapping[str, str]) -> ClusterSettings:
         if variable is None or (key in megascale.NAMES and not value):  # an empty MegaScale key is an unset one
             continue
         if not pattern.fullmatch(value):
-            raise UsageError(f"{flag('cluster')} tpu-vm: tpu-env's {key}='{shown(value, 40)}' is not "
-                             + ("an address" if key == megascale.COORDINATOR else
-                                "a slice's shape (letters, digits and , . - _ such as v4-16 or 1,1,2)"))
+            raise UsageError(
+                f"{flag('cluster')} tpu-vm: tpu-env's {key}='{shown(value, 40)}' is not "
+                + (
+                    "an address"
+                    if key == megascale.COORDINATOR
+                    else "a slice's shape (letters, digits and , . - _ such as v4-16 or 1,1,2)"
+                )
+            )
         facts.setdefault(variable, value)
-    return _slice_settings("tpu-vm", hosts, node_rank, facts,
-                           {"nnodes": "worker-network-endpoints", "node_rank": "agent-worker-number",
-                            "master_addr": "worker-network-endpoints"}, device_environ=facts)
+    return _slice_settings(
+        "tpu-vm",
+        hosts,
+        node_rank,
+        facts,
+        {
+            "nnodes": "worker-network-endpoints",
+            "node_rank": "agent-worker-number",
+            "master_addr": "worker-network-endpoints",
+        },
+        device_environ=facts,
+    )
 
 
 def _is_ip_address(text: str) -> bool:
@@ -392,13 +468,18 @@ def _is_ip_address(text: str) -> bool:
 
 
 def _read_mpi(environ: Mapping[str, str]) -> ClusterSettings:
-    _require(environ, "mpi", [("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_RANK",)],
-             "run one xlarun per node with `mpirun --npernode 1 xlarun ...`")
+    _require(
+        environ,
+        "mpi",
+        [("OMPI_COMM_WORLD_SIZE",), ("OMPI_COMM_WORLD_RANK",)],
+        "run one xlarun per node with `mpirun --npernode 1 xlarun ...`",
+    )
     local_size = _optional_int(environ, "mpi", ("OMPI_COMM_WORLD_LOCAL_SIZE",))
     if local_size is not None and local_size > 1:
         raise UsageError(
             f"{flag('cluster')} mpi: mpirun started {local_size} xlarun processes on this node; xlarun must run"
-            f" once per node: use `mpirun --npernode 1` (or --map-by ppr:1:node)")
+            f" once per node: use `mpirun --npernode 1` (or --map-by ppr:1:node)"
+        )
     nnodes_name, nnodes = _node_count(environ, "mpi", ("OMPI_COMM_WORLD_SIZE",))
     node_rank_name, node_rank = _whole_number(environ, "mpi", ("OMPI_COMM_WORLD_RANK",))
     _check_node_rank(node_rank, nnodes, "mpi", node_rank_name)
@@ -406,9 +487,15 @@ def _read_mpi(environ: Mapping[str, str]) -> ClusterSettings:
     run_id_name = _first_present(environ, ("PMIX_NAMESPACE", "OMPI_MCA_ess_base_jobid"))
     if run_id_name is not None:
         read_from["run_id"] = run_id_name
-    return ClusterSettings(kind="mpi", nnodes=nnodes, node_rank=node_rank, master_addr=None,
-                           master_port=None, run_id=environ[run_id_name] if run_id_name else None,
-                           read_from=read_from)
+    return ClusterSettings(
+        kind="mpi",
+        nnodes=nnodes,
+        node_rank=node_rank,
+        master_addr=None,
+        master_port=None,
+        run_id=environ[run_id_name] if run_id_name else None,
+        read_from=read_from,
+    )
 
 
 def _is_elastic_pytorchjob(environ: Mapping[str, str]) -> bool:
@@ -431,9 +518,11 @@ _MARKERS: dict[str, Callable[[Mapping[str, str]], bool]] = {
     "slurm": lambda environ: _present(environ, "SLURM_JOB_ID") or _present(environ, "SLURM_JOBID"),
     "gke-tpu": lambda environ: _present(environ, "TPU_WORKER_HOSTNAMES"),
     # Users export MASTER_ADDR by hand for manual runs: only a pod counts as a PyTorchJob.
-    "k8s": lambda environ: (_present(environ, "KUBERNETES_SERVICE_HOST")
-                            and (_present(environ, "PET_NODE_RANK") or _present(environ, "MASTER_ADDR"))
-                            and not _is_elastic_pytorchjob(environ)),
+    "k8s": lambda environ: (
+        _present(environ, "KUBERNETES_SERVICE_HOST")
+        and (_present(environ, "PET_NODE_RANK") or _present(environ, "MASTER_ADDR"))
+        and not _is_elastic_pytorchjob(environ)
+    ),
 }
 
 
@@ -469,8 +558,10 @@ def _parse_count(text: str, name: str, kind: str, least: int = 1) -> int:
     :data:`~xlarun.cli.hostlist.MAX_NUMBER_DIGITS` digits; a UsageError naming ``name`` otherwise."""
     what = "a positive whole number" if least else "a whole number 0 or more"
     if _DIGITS.fullmatch(text) and too_long(text):
-        raise UsageError(f"{flag('cluster')} {kind}: {name} is a number of {len(text)} digits, not {what} of at "
-                         f"most {MAX_NUMBER_DIGITS} digits as a scheduler gives")
+        raise UsageError(
+            f"{flag('cluster')} {kind}: {name} is a number of {len(text)} digits, not {what} of at "
+            f"most {MAX_NUMBER_DIGITS} digits as a scheduler gives"
+        )
     if not _DIGITS.fullmatch(text) or int(text) < least:
         raise UsageError(f"{flag('cluster')} {kind}: {name}={text!r} is not {what}")
     return int(text)
@@ -497,7 +588,9 @@ def _optional_int(environ: Mapping[str, str], kind: str, names: Sequence[str]) -
 def _optional_port(environ: Mapping[str, str], kind: str, names: Sequence[str]) -> int | None:
     port = _optional_int(environ, kind, names)
     if port is not None and not 1 <= port <= 65535:
-        raise UsageError(f"{flag('cluster')} {kind}: {_first_present(environ, names)}={port} is not a TCP port (1-65535)")
+        raise UsageError(
+            f"{flag('cluster')} {kind}: {_first_present(environ, names)}={port} is not a TCP port (1-65535)"
+        )
     return port
 
 
@@ -512,8 +605,10 @@ def _most_tasks_on_a_node(tasks_per_node: str) -> int:
     for item in tasks_per_node.split(","):
         match = _TASKS_PER_NODE_ITEM.fullmatch(item)
         if match is None or too_long(match.group(1)):
-            raise UsageError(f"{flag('cluster')} slurm: SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r} is not"
-                             f" Slurm's counts form (e.g. 1(x4) or 2,1)")
+            raise UsageError(
+                f"{flag('cluster')} slurm: SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r} is not"
+                f" Slurm's counts form (e.g. 1(x4) or 2,1)"
+            )
         counts.append(int(match.group(1)))
     return max(counts)
 

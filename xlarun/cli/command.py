@@ -47,8 +47,9 @@ def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list
     """
     long_names = {name: option.takes_value for option in OPTIONS for name in option.spellings if name.startswith("--")}
     long_names.update({HELP_NAMES[1]: False, VERSION_NAME: False, **dict.fromkeys(COMPLETION_NAMES, True)})
-    short_names = {name: option.takes_value for option in OPTIONS
-                   for name in option.spellings if not name.startswith("--")}
+    short_names = {
+        name: option.takes_value for option in OPTIONS for name in option.spellings if not name.startswith("--")
+    }
     short_names[HELP_NAMES[0]] = False
     dests = {name: option.dest for option in OPTIONS for name in option.spellings}
     dests.update(dict.fromkeys(COMPLETION_NAMES, "print_completion"))
@@ -115,8 +116,11 @@ class SectionedCommand(click.Command):
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         own = {option.dest for option in OPTIONS if option.owner == XLARUN} | {"version"}
         for title, wanted in (("torchrun options", False), ("xlarun options", True)):
-            rows = [param.get_help_record(ctx) for param in self.get_params(ctx)
-                    if isinstance(param, click.Option) and (param.name in own) == wanted]
+            rows = [
+                param.get_help_record(ctx)
+                for param in self.get_params(ctx)
+                if isinstance(param, click.Option) and (param.name in own) == wanted
+            ]
             with formatter.section(title):
                 formatter.write_dl([row for row in rows if row])
 
@@ -132,6 +136,7 @@ def help_text(option: Option) -> str:
 
 def complete_value(option: Option) -> Callable[[click.Context, click.Parameter, str], list[CompletionItem]]:
     """What the shell offers for the option's value: its choices, or files for a path."""
+
     def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
         if option.metavar == "PATH":
             return [CompletionItem(incomplete, type="file")]
@@ -148,8 +153,15 @@ def complete_files(ctx: click.Context, param: click.Parameter, incomplete: str) 
 def _click_option(option: Option) -> Callable[[click.Command], click.Command]:
     # Values stay text here: the table's parsers check them, with PET_* fallbacks, in one place.
     if option.takes_value:
-        return click.option(*option.spellings, option.dest, default=None, help=help_text(option),
-                            metavar=option.metavar, shell_complete=complete_value(option), multiple=option.repeatable)
+        return click.option(
+            *option.spellings,
+            option.dest,
+            default=None,
+            help=help_text(option),
+            metavar=option.metavar,
+            shell_complete=complete_value(option),
+            multiple=option.repeatable,
+        )
     return click.option(*option.spellings, option.dest, is_flag=True, default=None, help=help_text(option))
 
 
@@ -161,8 +173,11 @@ def tcsh_completion() -> str:
     short_names = [name[1:] for option in OPTIONS for name in option.spellings if not name.startswith("--")]
     values = [(name, option.choices) for option in OPTIONS if option.choices for name in option.spellings]
     values += [(name, COMPLETION_SHELLS) for name in COMPLETION_NAMES]
-    rules = [f"'c/--/({' '.join(long_names)})/'", f"'c/-/({' '.join([*short_names, HELP_NAMES[0][1:]])})/'",
-             *(f"'n/{name}/({' '.join(choices)})/'" for name, choices in values)]
+    rules = [
+        f"'c/--/({' '.join(long_names)})/'",
+        f"'c/-/({' '.join([*short_names, HELP_NAMES[0][1:]])})/'",
+        *(f"'n/{name}/({' '.join(choices)})/'" for name, choices in values),
+    ]
     return f"complete {PROGRAM} {' '.join(rules)}"
 
 
@@ -181,10 +196,12 @@ def print_completion(ctx: click.Context, param: click.Parameter, shell: str | No
 
 def description() -> str:
     """What ``--help`` says before the flags."""
-    return (f"Launch TRAINING_SCRIPT on every worker, as torchrun does, with XLA devices set up.\n\n"
-            f"TRAINING_SCRIPT is a Python file, a module with {flag('module')}, or a program with "
-            f"{flag('no_python')}. Every argument after it goes to it untouched; ${{local_rank}} in them becomes "
-            "each worker's local rank. README.md and docs/ cover devices, multi-node jobs and clusters.")
+    return (
+        f"Launch TRAINING_SCRIPT on every worker, as torchrun does, with XLA devices set up.\n\n"
+        f"TRAINING_SCRIPT is a Python file, a module with {flag('module')}, or a program with "
+        f"{flag('no_python')}. Every argument after it goes to it untouched; ${{local_rank}} in them becomes "
+        "each worker's local rank. README.md and docs/ cover devices, multi-node jobs and clusters."
+    )
 
 
 def epilog() -> str:
@@ -220,32 +237,59 @@ class CommandLine(NamedTuple):
 
 
 def _build_command() -> click.Command:
-    @click.command(cls=SectionedCommand, context_settings={"help_option_names": list(HELP_NAMES)},
-                   add_help_option=True, help=description(), epilog=epilog())
+    @click.command(
+        cls=SectionedCommand,
+        context_settings={"help_option_names": list(HELP_NAMES)},
+        add_help_option=True,
+        help=description(),
+        epilog=epilog(),
+    )
     @click.argument("training_script", required=False, shell_complete=complete_files)
     @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED, shell_complete=complete_files)
     @click.pass_context
-    def command(ctx: click.Context, training_script: str | None, training_script_args: tuple[str, ...],
-                **values: str | bool | tuple[str, ...] | None) -> CommandLine:
+    def command(
+        ctx: click.Context,
+        training_script: str | None,
+        training_script_args: tuple[str, ...],
+        **values: str | bool | tuple[str, ...] | None,
+    ) -> CommandLine:
         """What the command line gave, for the launch to read with the option table."""
         given: dict[str, str | None] = {
-            name: ("1" if value is True else value if isinstance(value, str)
-                   else ENV_SEPARATOR.join(value) if isinstance(value, tuple) else None)
+            name: (
+                "1"
+                if value is True
+                else value
+                if isinstance(value, str)
+                else ENV_SEPARATOR.join(value)
+                if isinstance(value, tuple)
+                else None
+            )
             for name, value in values.items()
-            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE}
+            if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE
+        }
         return CommandLine(given, training_script, tuple(training_script_args))
 
     # Options added to a built command are listed in the order they are added.
     built: click.Command = command
     for option in OPTIONS:
         built = _click_option(option)(built)
-    built = click.option(*COMPLETION_NAMES, type=click.Choice(COMPLETION_SHELLS), is_eager=True, expose_value=False,
-                         callback=print_completion, metavar="|".join(COMPLETION_SHELLS),
-                         help="Print a shell completion script for xlarun and exit, e.g. "
-                              "xlarun --print-completion bash > ~/.local/share/bash-completion/completions/xlarun"
-                         )(built)
-    return click.version_option(__version__, VERSION_NAME, prog_name=PROGRAM, message="%(prog)s %(version)s",
-                                help="Show xlarun's version and exit.")(built)
+    built = click.option(
+        *COMPLETION_NAMES,
+        type=click.Choice(COMPLETION_SHELLS),
+        is_eager=True,
+        expose_value=False,
+        callback=print_completion,
+        metavar="|".join(COMPLETION_SHELLS),
+        help="Print a shell completion script for xlarun and exit, e.g. "
+        "xlarun --print-completion bash > ~/.local/share/bash-completion/completions/xlarun",
+    )(built)
+    return click.version_option(
+        __version__,
+        VERSION_NAME,
+        prog_name=PROGRAM,
+        message="%(prog)s %(version)s",
+        help="Show xlarun's version and exit.",
+    )(built)
 
 
 def parse_command_line(args: Sequence[str]) -> CommandLine | None:
@@ -256,8 +300,9 @@ def parse_command_line(args: Sequence[str]) -> CommandLine | None:
     options, script, script_args = split_command_line(args)
     click_args = options + (["--", script, *script_args] if script is not None else [])
     try:
-        parsed = _build_command().main(args=click_args, prog_name=PROGRAM, complete_var=COMPLETE_VARIABLE,
-                                       standalone_mode=False)
+        parsed = _build_command().main(
+            args=click_args, prog_name=PROGRAM, complete_var=COMPLETE_VARIABLE, standalone_mode=False
+        )
     except click.UsageError as error:
         raise UsageError(error.format_message()) from None
     return parsed if isinstance(parsed, CommandLine) else None

@@ -135,14 +135,15 @@ def _parse_name(name: str) -> _Pattern:
         if opening > position:
             parts.append(name[position:opening])
         closing = name.index("]", opening)
-        parts.append(_parse_group(name[opening + 1:closing], name))
+        parts.append(_parse_group(name[opening + 1 : closing], name))
         position = closing + 1
     rest = name[position:]
     if rest:
         if parts:
             raise UsageError(
                 f"host name pattern {name!r} has text after its last range; Slurm requires a name"
-                f" with ranges to end with one (write such hosts out, comma-separated)")
+                f" with ranges to end with one (write such hosts out, comma-separated)"
+            )
         parts.append(rest)
     return tuple(parts)
 
@@ -152,13 +153,14 @@ def _parse_group(body: str, name: str) -> tuple[_Range, ...]:
     for item in body.split(","):
         match = _RANGE.fullmatch(item)
         if match is None:
-            raise UsageError(
-                f"host name pattern {name!r}: {item!r} is not a number or a lo-hi range of digits")
+            raise UsageError(f"host name pattern {name!r}: {item!r} is not a number or a lo-hi range of digits")
         low_digits, high_digits = match.groups()
         for digits in (low_digits, high_digits or ""):
             if too_long(digits):
-                raise UsageError(f"a host number of {len(digits)} digits, more than {MAX_NUMBER_DIGITS}, in a range "
-                                 f"of the host name pattern starting {name[:24]!r}")
+                raise UsageError(
+                    f"a host number of {len(digits)} digits, more than {MAX_NUMBER_DIGITS}, in a range "
+                    f"of the host name pattern starting {name[:24]!r}"
+                )
         low = int(low_digits)
         high = low if high_digits is None else int(high_digits)
         if high < low:
@@ -166,6 +168,7 @@ def _parse_group(body: str, name: str) -> tuple[_Range, ...]:
         if high - low + 1 > MAX_HOSTS_PER_RANGE:
             raise UsageError(
                 f"host name pattern {name!r}: range {item!r} names more than"
-                f" {MAX_HOSTS_PER_RANGE} hosts, Slurm's limit for one range")
+                f" {MAX_HOSTS_PER_RANGE} hosts, Slurm's limit for one range"
+            )
         ranges.append(_Range(low, high, len(low_digits)))
     return tuple(ranges)

@@ -21,12 +21,15 @@ from xlarun.cli.rules import HOST_SOURCES, HOSTS_ONLY, check_run_id, require_scr
 from xlarun.remote.plan import HostPlan, allowed_environment, plan_hosts
 from xlarun.remote.transport import remote_command, transport_argv
 
-LAUNCHER_ONLY = frozenset({*HOST_SOURCES, *HOSTS_ONLY, "tpu_zone", "dry_run", "summary_file",
-                           "master_addr", "master_port", "rdzv_id"})
+LAUNCHER_ONLY = frozenset(
+    {*HOST_SOURCES, *HOSTS_ONLY, "tpu_zone", "dry_run", "summary_file", "master_addr", "master_port", "rdzv_id"}
+)
 """The given flags no host gets as they are: the fan-out's own, the dry run, the summary file (the
 launcher writes one for every host) and node 0's address, port and the run id (each host's plan
 says them)."""
-LAUNCHER_VARIABLES = frozenset(variable for dest in LAUNCHER_ONLY for variable in OPTIONS_BY_DEST[dest].environment_variables)
+LAUNCHER_VARIABLES = frozenset(
+    variable for dest in LAUNCHER_ONLY for variable in OPTIONS_BY_DEST[dest].environment_variables
+)
 """Their variables (``XLARUN_HOSTS``...): they stay behind, or each host would fan out again."""
 
 
@@ -58,8 +61,13 @@ def rsh_template(values: OptionValues) -> str | None:
     return rsh
 
 
-def plan_job(values: OptionValues, given: Mapping[str, str | None], script: str | None, script_args: tuple[str, ...],
-             environ: Mapping[str, str]) -> tuple[list[HostPlan], list[list[str]], str]:
+def plan_job(
+    values: OptionValues,
+    given: Mapping[str, str | None],
+    script: str | None,
+    script_args: tuple[str, ...],
+    environ: Mapping[str, str],
+) -> tuple[list[HostPlan], list[list[str]], str]:
     """Each host's plan and transport argv, and the remote Python."""
     script = require_script(script)
     run_id = values.given("rdzv_id") or uuid.uuid4().hex
@@ -67,32 +75,57 @@ def plan_job(values: OptionValues, given: Mapping[str, str | None], script: str 
     travelling = {name: value for name, value in allowed_environment(environ).items() if name not in LAUNCHER_VARIABLES}
     env = {**travelling, **(values["env_file"] or {}), **dict(values["env"] or ())}
     program = "module" if values["module"] else "program" if values["no_python"] else "script"
-    plans = plan_hosts(host_list(values), node_options(given), [script, *script_args], run_id=run_id,
-                       master_port=values["master_port"] if values.is_set("master_port") else None,
-                       cwd=values["remote_cwd"] or os.getcwd(), env=env, host_timeout=values["host_timeout"],
-                       version=__version__, master_addr=values.given("master_addr"),
-                       prefix_given=bool(values["log_line_prefix_template"]),
-                       streams_given=values.is_set("tee") or values.is_set("redirects"),
-                       cluster_ranks=bool(values["tpu_pod"]), program=program,
-                       device=values.raw("device") or "auto", allow_busy_device=values["allow_busy_device"])
+    plans = plan_hosts(
+        host_list(values),
+        node_options(given),
+        [script, *script_args],
+        run_id=run_id,
+        master_port=values["master_port"] if values.is_set("master_port") else None,
+        cwd=values["remote_cwd"] or os.getcwd(),
+        env=env,
+        host_timeout=values["host_timeout"],
+        version=__version__,
+        master_addr=values.given("master_addr"),
+        prefix_given=bool(values["log_line_prefix_template"]),
+        streams_given=values.is_set("tee") or values.is_set("redirects"),
+        cluster_ranks=bool(values["tpu_pod"]),
+        program=program,
+        device=values.raw("device") or "auto",
+        allow_busy_device=values["allow_busy_device"],
+    )
     remote_python = values["remote_python"] or sys.executable
     command, template = remote_command(remote_python), rsh_template(values)
     argvs = [transport_argv(plan.host, plan.index, command, values["ssh_config"], template) for plan in plans]
     return plans, argvs, remote_python
 
 
-def launch_hosts(values: OptionValues, given: Mapping[str, str | None], script: str | None,
-                 script_args: tuple[str, ...], environ: Mapping[str, str]) -> int:
+def launch_hosts(
+    values: OptionValues,
+    given: Mapping[str, str | None],
+    script: str | None,
+    script_args: tuple[str, ...],
+    environ: Mapping[str, str],
+) -> int:
     """Run the job on every host (or print, for each, the transport's argv and the plan); the exit code."""
     plans, argvs, remote_python = plan_job(values, given, script, script_args, environ)
     reached_addresses = rsh_template(values) is None
     if values["dry_run"]:
-        document = {"hosts": [{"host": plan.host, "transport": argv, "plan": plan.shown()}
-                              for plan, argv in zip(plans, argvs, strict=True)]}
+        document = {
+            "hosts": [
+                {"host": plan.host, "transport": argv, "plan": plan.shown()}
+                for plan, argv in zip(plans, argvs, strict=True)
+            ]
+        }
         json.dump(document, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     from xlarun.remote.fanout import FanOut
 
-    return FanOut(plans, argvs, remote_python, master_addr=values.given("master_addr"),
-                  reached_addresses=reached_addresses, summary_file=values["summary_file"]).run()
+    return FanOut(
+        plans,
+        argvs,
+        remote_python,
+        master_addr=values.given("master_addr"),
+        reached_addresses=reached_addresses,
+        summary_file=values["summary_file"],
+    ).run()

@@ -59,8 +59,9 @@ class PreparedLaunch:
     """``--metrics-textfile``: where the run's state is kept for node_exporter, if anywhere."""
 
 
-def prepare_launch(values: OptionValues, script: str | None, script_args: tuple[str, ...],
-                   environ: Mapping[str, str]) -> PreparedLaunch:
+def prepare_launch(
+    values: OptionValues, script: str | None, script_args: tuple[str, ...], environ: Mapping[str, str]
+) -> PreparedLaunch:
     """Plan the device and the workers of one node from the options read (:func:`read_options`), and check
     the whole plan.
 
@@ -74,16 +75,28 @@ def prepare_launch(values: OptionValues, script: str | None, script_args: tuple[
         # What the cluster says of the device (a TPU VM's slice) plans it where the environment is silent.
         environ = {**cluster_environ, **environ}
     dry_run = values["dry_run"]
-    request = DeviceRequest(device=values["device"], runtime=values["runtime"], spmd=values["spmd"],
-                            virtual_devices=values["virtual_devices"], coordinator_port=values["coordinator_port"])
-    device = plan_device(request, environ, nnodes=values["nnodes"][1], nproc=values["nproc_per_node"],
-                         dry_run=dry_run, user_environ=user_environ)
+    request = DeviceRequest(
+        device=values["device"],
+        runtime=values["runtime"],
+        spmd=values["spmd"],
+        virtual_devices=values["virtual_devices"],
+        coordinator_port=values["coordinator_port"],
+    )
+    device = plan_device(
+        request,
+        environ,
+        nnodes=values["nnodes"][1],
+        nproc=values["nproc_per_node"],
+        dry_run=dry_run,
+        user_environ=user_environ,
+    )
     try:
         nproc = count_workers(values["nproc_per_node"], device, environ)
     except PlanError as error:
         raise values.refuse("nproc_per_node", str(error)) from None
-    config = build_config(values, script, script_args, environ, sys.executable, nproc_per_node=nproc,
-                          torchrun=followed_torchrun())
+    config = build_config(
+        values, script, script_args, environ, sys.executable, nproc_per_node=nproc, torchrun=followed_torchrun()
+    )
     check_slice_seating(device, config.topology, config.max_nodes)
     probe = probe_node(config, device)
     if config.virtual_local_rank:
@@ -96,14 +109,23 @@ def prepare_launch(values: OptionValues, script: str | None, script_args: tuple[
     if split is not None and (request.device == "cpu" or environ.get("PJRT_DEVICE") == "CPU"):
         notices.append(f"warning: {split}")
     if omp_threads_default(nproc, environ) is not None:
-        notices.append(f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
-                       "workers per node); set OMP_NUM_THREADS yourself to choose another value")
-    return PreparedLaunch(config, device, tuple(notices), split, event_log_handler=values["event_log_handler"],
-                          metrics_textfile=values["metrics_textfile"])
+        notices.append(
+            f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
+            "workers per node); set OMP_NUM_THREADS yourself to choose another value"
+        )
+    return PreparedLaunch(
+        config,
+        device,
+        tuple(notices),
+        split,
+        event_log_handler=values["event_log_handler"],
+        metrics_textfile=values["metrics_textfile"],
+    )
 
 
-def launch_from_command_line(given: Mapping[str, str | None], script: str | None,
-                             script_args: tuple[str, ...], environ: Mapping[str, str]) -> int:
+def launch_from_command_line(
+    given: Mapping[str, str | None], script: str | None, script_args: tuple[str, ...], environ: Mapping[str, str]
+) -> int:
     """Run the launch the command line describes (or print its plan); returns the exit code."""
     # Workers get the environment as it was when the launcher started, whatever it sets for itself.
     environ = dict(environ)
@@ -130,8 +152,7 @@ def run_launch(prepared: PreparedLaunch, environ: Mapping[str, str]) -> RunEnd:
         check_command(prepared.config)
     except (LaunchError, UsageError) as error:
         events.emit("preflight.refused", 0, reason=str(error))
-        events.emit("launch.finished", 0, **{"process.exit.code": error.exit_code}, result="refused",
-                    root_cause=None)
+        events.emit("launch.finished", 0, **{"process.exit.code": error.exit_code}, result="refused", root_cause=None)
         events.close(EVENTS_FLUSH_S)
         raise
     for notice in prepared.notices:
@@ -183,10 +204,18 @@ def open_events(prepared: PreparedLaunch, environ: Mapping[str, str]) -> EventBu
     # The node rank is known before the rendezvous where it is given (static) or there is one node only;
     # c10d across nodes decides it at the rendezvous, which names it to the bus then.
     known = config.rdzv_backend == "static" or config.max_nodes == 1
-    bus = EventBus(sinks, run_id=config.rdzv_id, node_rank=config.node_rank if known else None,
-                   trace_id=trace_id_of(environ))
-    bus.emit("launch.started", 0, nnodes=config.max_nodes, min_nodes=config.min_nodes,
-             nproc_per_node=config.nproc_per_node, device=prepared.device.device, runtime=prepared.device.runtime)
+    bus = EventBus(
+        sinks, run_id=config.rdzv_id, node_rank=config.node_rank if known else None, trace_id=trace_id_of(environ)
+    )
+    bus.emit(
+        "launch.started",
+        0,
+        nnodes=config.max_nodes,
+        min_nodes=config.min_nodes,
+        nproc_per_node=config.nproc_per_node,
+        device=prepared.device.device,
+        runtime=prepared.device.runtime,
+    )
     return bus
 
 
@@ -203,8 +232,10 @@ def explain_split_world_failure(end: RunEnd, prepared: PreparedLaunch) -> None:
         return
     said = [failure.traceback for failure in (end.failure, *end.other_failures)] + list(end.stopped_with_errors)
     if any("EADDRINUSE" in text for text in said):
-        say(f"each CPU process took itself for rank 0 and served the store at MASTER_PORT, so all but one failed "
-            f"to bind it: {split}")
+        say(
+            f"each CPU process took itself for rank 0 and served the store at MASTER_PORT, so all but one failed "
+            f"to bind it: {split}"
+        )
 
 
 def apply_cluster(values: OptionValues, environ: Mapping[str, str]) -> tuple[OptionValues, Mapping[str, str]]:
@@ -230,8 +261,11 @@ def apply_cluster(values: OptionValues, environ: Mapping[str, str]) -> tuple[Opt
         "rdzv_id": ("run_id", settings.run_id, settings.run_id),
         "nproc_per_node": ("nproc_per_node", nproc, None if nproc is None else NprocRequest(count=nproc)),
     }
-    said = {dest: (value, str(spelt), settings.read_from[name])
-            for dest, (name, spelt, value) in fields.items() if value is not None}
+    said = {
+        dest: (value, str(spelt), settings.read_from[name])
+        for dest, (name, spelt, value) in fields.items()
+        if value is not None
+    }
     return values.with_scheduler(settings.kind, said), settings.device_environ
 
 
@@ -244,23 +278,34 @@ def choose_rendezvous(config: LaunchConfig, device: DevicePlan, environ: Mapping
     if topology is Topology.STANDALONE:
         # The endpoint's host (localhost under --standalone) serves the workers' store: this one must be it.
         if not is_local_address(host):
-            raise UsageError(f"{flag('rdzv_endpoint')} {config.rdzv_endpoint} has port 0, a free port picked on the "
-                             f"host serving the store, but {host} is not an address of this host: name the port")
+            raise UsageError(
+                f"{flag('rdzv_endpoint')} {config.rdzv_endpoint} has port 0, a free port picked on the "
+                f"host serving the store, but {host} is not an address of this host: name the port"
+            )
         return FixedRendezvous(config.rdzv_id, host, free_port(host), worker_ports=worker_ports)
     if topology is Topology.LONE_NODE:
         if taken_here(host, port):
             where = f"{flag('rdzv_endpoint')} HOST:PORT" if config.rdzv_endpoint else f"{flag('master_port')} PORT"
-            raise UsageError(f"master port {port} on {host} is already in use: pick another with {where}, "
-                             f"or use {flag('standalone')} for a free one")
+            raise UsageError(
+                f"master port {port} on {host} is already in use: pick another with {where}, "
+                f"or use {flag('standalone')} for a free one"
+            )
         return FixedRendezvous(config.rdzv_id, host, port, worker_ports=worker_ports)
     if installed_version("torch") is None:
         # A single node needs no torch in the launcher; nodes meet through torch.distributed's TCPStore.
         how = "several nodes meet" if config.max_nodes > 1 else f"{flag('rdzv_backend')}=c10d meets"
-        raise UsageError(f"{how} through torch.distributed, which is not installed in this Python: "
-                         "pip install 'xlarun[multinode]' (or torch)")
+        raise UsageError(
+            f"{how} through torch.distributed, which is not installed in this Python: "
+            "pip install 'xlarun[multinode]' (or torch)"
+        )
     joined = device.xla.megascale if device.xla is not None else None
-    return multi_node_rendezvous(config, environ, node_hosts=device.plans_slice_addresses, place=device.slice_worker,
-                                 slices=joined.slices if joined is not None else 1)
+    return multi_node_rendezvous(
+        config,
+        environ,
+        node_hosts=device.plans_slice_addresses,
+        place=device.slice_worker,
+        slices=joined.slices if joined is not None else 1,
+    )
 
 
 def refuse_busy_device(device: str, environ: Mapping[str, str]) -> None:
@@ -281,8 +326,13 @@ def check_command(config: LaunchConfig) -> None:
 
 def print_plan(prepared: PreparedLaunch, environ: Mapping[str, str]) -> int:
     """Print the dry run's plan on stdout, and on stderr the lines a real run would print with what was assumed."""
-    document = plan_document(prepared.config, prepared.device, environ, notices=prepared.notices,
-                             files={"metrics_textfile": prepared.metrics_textfile})
+    document = plan_document(
+        prepared.config,
+        prepared.device,
+        environ,
+        notices=prepared.notices,
+        files={"metrics_textfile": prepared.metrics_textfile},
+    )
     for line in (*document["notices"], *document["assumed"]):
         say(line)
     json.dump(document, sys.stdout, indent=2)

@@ -89,8 +89,14 @@ class WorkerFailed(Exception):
     the root cause raised, where it could be pickled, is this one's ``__cause__``.
     """
 
-    def __init__(self, message: str, root_cause: RootCause | None, failures: Sequence[FailureRecord],
-                 exit_code: int, summary: dict[str, Any]):
+    def __init__(
+        self,
+        message: str,
+        root_cause: RootCause | None,
+        failures: Sequence[FailureRecord],
+        exit_code: int,
+        summary: dict[str, Any],
+    ):
         super().__init__(message)
         self.root_cause = root_cause
         self.failures = list(failures)
@@ -98,8 +104,12 @@ class WorkerFailed(Exception):
         self.summary = summary
 
 
-def launch(target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], *args: Any,
-           reraise: bool = False, **options: Any) -> LaunchResult:
+def launch(
+    target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str],
+    *args: Any,
+    reraise: bool = False,
+    **options: Any,
+) -> LaunchResult:
     """Run ``target`` on every worker, as the ``xlarun`` command would, and return once all are gone.
 
     ``target``: a function (called with ``*args`` in each worker; its return values come back), a
@@ -119,8 +129,12 @@ def launch(target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], 
         return launch_target(target, args, given, reraise)
 
 
-def launch_target(target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], args: tuple[Any, ...],
-                  given: dict[str, str], reraise: bool) -> LaunchResult:
+def launch_target(
+    target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str],
+    args: tuple[Any, ...],
+    given: dict[str, str],
+    reraise: bool,
+) -> LaunchResult:
     directory = tempfile.mkdtemp(prefix="xlarun-launch-")
     directories = [directory]
     try:
@@ -147,8 +161,12 @@ def launch_target(target: Callable[..., Any] | str | os.PathLike[str] | Sequence
             write_payload(payload, target, args)
             script, script_args = WORKER_MODULE, (payload,)  # the path only: the call itself is in the file
         if on_hosts:
-            return hosts_result(run_hosts(values, given, script, script_args, environ),
-                                read_summary(given["summary_file"]), payload, reraise)
+            return hosts_result(
+                run_hosts(values, given, script, script_args, environ),
+                read_summary(given["summary_file"]),
+                payload,
+                reraise,
+            )
         end = run(values, script, script_args, environ)
         summary = read_summary(given["summary_file"])
         if end.launcher_signal is not None:
@@ -189,8 +207,7 @@ class StreamPump:
         self._saved = os.dup(self.fd)
         os.dup2(write_fd, self.fd)  # inheritable, as the descriptor it stands in for
         os.close(write_fd)
-        self._thread = threading.Thread(target=self._pump, args=(read_fd,), name=f"xlarun-pump-{self.fd}",
-                                        daemon=True)
+        self._thread = threading.Thread(target=self._pump, args=(read_fd,), name=f"xlarun-pump-{self.fd}", daemon=True)
         self._thread.start()
         return self
 
@@ -221,12 +238,16 @@ class StreamPump:
 def refuse_caller() -> None:
     """A launch runs from the main thread of a process that is not a worker."""
     if threading.current_thread() is not threading.main_thread():
-        raise RuntimeError("xlarun.launch() runs in the main thread only: it takes the stop signals (Ctrl-C, "
-                           "a notebook's interrupt) to stop the workers, and Python delivers signals there")
+        raise RuntimeError(
+            "xlarun.launch() runs in the main thread only: it takes the stop signals (Ctrl-C, "
+            "a notebook's interrupt) to stop the workers, and Python delivers signals there"
+        )
     found = next((name for name in WORKER_VARIABLES if name in os.environ), None)
     if found is not None:
-        raise RuntimeError(f"xlarun.launch() called inside a worker ({found} is set): a worker launches no "
-                           "workers of its own; call it from the program that starts the job")
+        raise RuntimeError(
+            f"xlarun.launch() called inside a worker ({found} is set): a worker launches no "
+            "workers of its own; call it from the program that starts the job"
+        )
 
 
 def given_options(options: Mapping[str, Any]) -> dict[str, str]:
@@ -235,8 +256,10 @@ def given_options(options: Mapping[str, Any]) -> dict[str, str]:
     for name, value in options.items():
         option = OPTIONS_BY_DEST.get(name)
         if option is None:
-            raise ValueError(f"unknown option {name}= (xlarun.launch takes the command line's options by their "
-                             "Python names: nproc_per_node=4, device='cpu', ...)")
+            raise ValueError(
+                f"unknown option {name}= (xlarun.launch takes the command line's options by their "
+                "Python names: nproc_per_node=4, device='cpu', ...)"
+            )
         if value is None:
             continue
         if not option.takes_value:
@@ -281,9 +304,11 @@ def write_payload(path: str, function: Callable[..., Any], args: tuple[Any, ...]
         try:
             import cloudpickle
         except ImportError:
-            raise ImportError(f"{error}: a lambda, a closure or a function defined in __main__ or a notebook cell "
-                              f"travels to the workers by value with cloudpickle, which is not installed: "
-                              f"{NOTEBOOK_EXTRA}") from None
+            raise ImportError(
+                f"{error}: a lambda, a closure or a function defined in __main__ or a notebook cell "
+                f"travels to the workers by value with cloudpickle, which is not installed: "
+                f"{NOTEBOOK_EXTRA}"
+            ) from None
         data = cloudpickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
@@ -332,8 +357,13 @@ def run(values: OptionValues, script: str, script_args: tuple[str, ...], environ
         return run_launch(prepare_launch(values, script, script_args, environ), environ)
 
 
-def run_hosts(values: OptionValues, given: Mapping[str, str], script: str, script_args: tuple[str, ...],
-              environ: Mapping[str, str]) -> int:
+def run_hosts(
+    values: OptionValues,
+    given: Mapping[str, str],
+    script: str,
+    script_args: tuple[str, ...],
+    environ: Mapping[str, str],
+) -> int:
     """The command's fan-out over the hosts (docs/hosts.md); its exit code."""
     from xlarun.cli.hosts import launch_hosts
 
@@ -350,8 +380,11 @@ def hosts_result(exit_code: int, summary: dict[str, Any], payload: str | None, r
         return LaunchResult(values=values_of(node_summaries, payload), exit_code=exit_code, summary=summary)
     failures = job_failures(node_summaries)
     record = failures[0] if failures else None
-    message = describe_failure(record) if record is not None else (
-        f"the run {summary.get('result', 'failed')} (exit code {exit_code})")
+    message = (
+        describe_failure(record)
+        if record is not None
+        else (f"the run {summary.get('result', 'failed')} (exit code {exit_code})")
+    )
     cause = pickled_exception(payload, record)
     if reraise and isinstance(cause, BaseException):
         raise cause
@@ -400,8 +433,9 @@ def raise_signal_again(number: int) -> None:
 
 def values_of(summaries: Sequence[Mapping[str, Any]], payload: str | None) -> list[Any]:
     """The ranks' return values, in rank order (``None`` for each rank of a script), from the nodes' summaries."""
-    ranks = sorted(worker["rank"] for summary in summaries
-                   for worker in ((summary.get("attempts") or [{}])[-1].get("workers", [])))
+    ranks = sorted(
+        worker["rank"] for summary in summaries for worker in ((summary.get("attempts") or [{}])[-1].get("workers", []))
+    )
     if payload is None:
         return [None] * len(ranks)
     values = []

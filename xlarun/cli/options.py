@@ -342,16 +342,33 @@ class Option:
         return self.parse.choices if isinstance(self.parse, Choice) else ()
 
 
-def _torchrun(spellings: tuple[str, ...], help_text: str, parse: Callable[[str], Any] | None = None,
-              default: str | None = None, allowed: str = "", *, metavar: str = "",
-              shown_default: str | None = None, variable: str | None = None) -> Option:
-    return Option(spellings, help_text, parse, default, allowed, variable=variable, metavar=metavar,
-                  shown_default=shown_default)
+def _torchrun(
+    spellings: tuple[str, ...],
+    help_text: str,
+    parse: Callable[[str], Any] | None = None,
+    default: str | None = None,
+    allowed: str = "",
+    *,
+    metavar: str = "",
+    shown_default: str | None = None,
+    variable: str | None = None,
+) -> Option:
+    return Option(
+        spellings, help_text, parse, default, allowed, variable=variable, metavar=metavar, shown_default=shown_default
+    )
 
 
-def _xlarun(spellings: tuple[str, ...], help_text: str, parse: Callable[[str], Any] | None = None,
-            default: str | None = None, allowed: str = "", variable: str | None = None, *, metavar: str = "",
-            shown_default: str | None = None) -> Option:
+def _xlarun(
+    spellings: tuple[str, ...],
+    help_text: str,
+    parse: Callable[[str], Any] | None = None,
+    default: str | None = None,
+    allowed: str = "",
+    variable: str | None = None,
+    *,
+    metavar: str = "",
+    shown_default: str | None = None,
+) -> Option:
     return Option(spellings, help_text, parse, default, allowed, XLARUN, variable, metavar, shown_default)
 
 
@@ -360,178 +377,439 @@ def _choices(choices: tuple[str, ...]) -> str:
 
 
 STREAMS_METAVAR = "0-3|RANK:0-3,..."
-FILTERS_HELP = ("lines (of the streams --tee shows) holding any of these strings are copied, prefixed, to "
-                "attempt_<n>/{file} in the run's log directory; ,, stands for a comma.")
-COORDINATOR_RULE = (f"{UNPRIVILEGED_PORTS[0]} + (MASTER_PORT - {UNPRIVILEGED_PORTS[0]} + {COORDINATOR_PORT_SHIFT}) "
-                    f"mod {UNPRIVILEGED_PORTS[1] - UNPRIVILEGED_PORTS[0] + 1}, "
-                    f"{coordinator_port(DEFAULT_MASTER_PORT)} for {DEFAULT_MASTER_PORT}")
+FILTERS_HELP = (
+    "lines (of the streams --tee shows) holding any of these strings are copied, prefixed, to "
+    "attempt_<n>/{file} in the run's log directory; ,, stands for a comma."
+)
+COORDINATOR_RULE = (
+    f"{UNPRIVILEGED_PORTS[0]} + (MASTER_PORT - {UNPRIVILEGED_PORTS[0]} + {COORDINATOR_PORT_SHIFT}) "
+    f"mod {UNPRIVILEGED_PORTS[1] - UNPRIVILEGED_PORTS[0] + 1}, "
+    f"{coordinator_port(DEFAULT_MASTER_PORT)} for {DEFAULT_MASTER_PORT}"
+)
 
 
 OPTIONS: tuple[Option, ...] = (
     # torchrun's flags (2.9 to 2.15), in the order its --help lists them.
-    _torchrun(("--nnodes",), "Number of nodes; a range MIN:MAX lets a c10d job start with MIN.", parse_nnodes,
-              "1:1", "expected N or MIN:MAX with 0 < MIN <= MAX", metavar="N|MIN:MAX"),
-    _torchrun(("--nproc-per-node", "--nproc_per_node"),
-              "Workers on this node. auto: one per TPU chip, NeuronCore or GPU of the device (on cpu: the GPUs, "
-              "else the CPUs); gpu: the GPUs; cpu: the CPUs; xpu: the XPUs torch.xpu counts. Always 1 under "
-              "--spmd.", parse_nproc, "1",
-              "expected a positive integer, auto, cpu, gpu or xpu", metavar="N|auto|gpu|cpu|xpu"),
-    _torchrun(("--rdzv-backend", "--rdzv_backend"),
-              "How nodes meet. static: each node gives --node-rank, node 0 serves the store at --master-addr and "
-              "--master-port. c10d: node ranks are assigned at --rdzv-endpoint. etcd is refused.",
-              choice(RDZV_BACKENDS), "static", one_of(RDZV_BACKENDS), metavar="static|c10d"),
-    _torchrun(("--rdzv-endpoint", "--rdzv_endpoint"),
-              f"The c10d store, IPv6 as [addr]:port; the port defaults to {DEFAULT_C10D_PORT}, 0 picks a free one "
-              "on a single node. With static it replaces --master-addr and --master-port, and names its port.", parse_endpoint, "",
-              "expected host[:port], IPv6 as [addr]:port", metavar="HOST[:PORT]",
-              shown_default=f"MASTER_ADDR:{DEFAULT_C10D_PORT} under c10d"),
-    _torchrun(("--rdzv-id", "--rdzv_id"), "Job id, the same on every node; workers get it as TORCHELASTIC_RUN_ID.",
-              text, "none", metavar="ID"),
-    _torchrun(("--rdzv-conf", "--rdzv_conf"), rdzv_conf_help(), parse_rdzv_conf, "",
-              "expected key=value[,key=value...]", metavar="KEY=VALUE,...", shown_default=""),
-    _torchrun(("--standalone",), "One node on a free localhost port with a fresh run id; the rendezvous flags are "
-                                 "ignored."),
-    _torchrun(("--max-restarts", "--max_restarts"), "Restart every node's workers together after a failure, up to "
-                                                    "N times.", parse_non_negative_int, "0",
-              "expected a non-negative integer", metavar="N"),
-    _torchrun(("--monitor-interval", "--monitor_interval"), "Accepted, unused: worker exits are seen as they happen.",
-              SECONDS, "0.1", SECONDS.allowed, metavar="SECONDS"),
-    _torchrun(("--start-method", "--start_method"), "Accepted, unused: workers are always fresh processes.",
-              choice(START_METHODS), "spawn", one_of(START_METHODS), metavar=_choices(START_METHODS)),
-    _torchrun(("--event-log-handler", "--event_log_handler"),
-              "console: torchrun's torchelastic.worker.status.* events on stderr, one JSON line each, with real "
-              "timestamps; null and dynamic_rendezvous: none.", choice(EVENT_LOG_HANDLERS), "null",
-              one_of(EVENT_LOG_HANDLERS), metavar=_choices(EVENT_LOG_HANDLERS)),
+    _torchrun(
+        ("--nnodes",),
+        "Number of nodes; a range MIN:MAX lets a c10d job start with MIN.",
+        parse_nnodes,
+        "1:1",
+        "expected N or MIN:MAX with 0 < MIN <= MAX",
+        metavar="N|MIN:MAX",
+    ),
+    _torchrun(
+        ("--nproc-per-node", "--nproc_per_node"),
+        "Workers on this node. auto: one per TPU chip, NeuronCore or GPU of the device (on cpu: the GPUs, "
+        "else the CPUs); gpu: the GPUs; cpu: the CPUs; xpu: the XPUs torch.xpu counts. Always 1 under "
+        "--spmd.",
+        parse_nproc,
+        "1",
+        "expected a positive integer, auto, cpu, gpu or xpu",
+        metavar="N|auto|gpu|cpu|xpu",
+    ),
+    _torchrun(
+        ("--rdzv-backend", "--rdzv_backend"),
+        "How nodes meet. static: each node gives --node-rank, node 0 serves the store at --master-addr and "
+        "--master-port. c10d: node ranks are assigned at --rdzv-endpoint. etcd is refused.",
+        choice(RDZV_BACKENDS),
+        "static",
+        one_of(RDZV_BACKENDS),
+        metavar="static|c10d",
+    ),
+    _torchrun(
+        ("--rdzv-endpoint", "--rdzv_endpoint"),
+        f"The c10d store, IPv6 as [addr]:port; the port defaults to {DEFAULT_C10D_PORT}, 0 picks a free one "
+        "on a single node. With static it replaces --master-addr and --master-port, and names its port.",
+        parse_endpoint,
+        "",
+        "expected host[:port], IPv6 as [addr]:port",
+        metavar="HOST[:PORT]",
+        shown_default=f"MASTER_ADDR:{DEFAULT_C10D_PORT} under c10d",
+    ),
+    _torchrun(
+        ("--rdzv-id", "--rdzv_id"),
+        "Job id, the same on every node; workers get it as TORCHELASTIC_RUN_ID.",
+        text,
+        "none",
+        metavar="ID",
+    ),
+    _torchrun(
+        ("--rdzv-conf", "--rdzv_conf"),
+        rdzv_conf_help(),
+        parse_rdzv_conf,
+        "",
+        "expected key=value[,key=value...]",
+        metavar="KEY=VALUE,...",
+        shown_default="",
+    ),
+    _torchrun(
+        ("--standalone",), "One node on a free localhost port with a fresh run id; the rendezvous flags are ignored."
+    ),
+    _torchrun(
+        ("--max-restarts", "--max_restarts"),
+        "Restart every node's workers together after a failure, up to N times.",
+        parse_non_negative_int,
+        "0",
+        "expected a non-negative integer",
+        metavar="N",
+    ),
+    _torchrun(
+        ("--monitor-interval", "--monitor_interval"),
+        "Accepted, unused: worker exits are seen as they happen.",
+        SECONDS,
+        "0.1",
+        SECONDS.allowed,
+        metavar="SECONDS",
+    ),
+    _torchrun(
+        ("--start-method", "--start_method"),
+        "Accepted, unused: workers are always fresh processes.",
+        choice(START_METHODS),
+        "spawn",
+        one_of(START_METHODS),
+        metavar=_choices(START_METHODS),
+    ),
+    _torchrun(
+        ("--event-log-handler", "--event_log_handler"),
+        "console: torchrun's torchelastic.worker.status.* events on stderr, one JSON line each, with real "
+        "timestamps; null and dynamic_rendezvous: none.",
+        choice(EVENT_LOG_HANDLERS),
+        "null",
+        one_of(EVENT_LOG_HANDLERS),
+        metavar=_choices(EVENT_LOG_HANDLERS),
+    ),
     _torchrun(("--role",), "Worker role: ROLE_NAME and the log prefix.", text, "default", metavar="NAME"),
     _torchrun(("-m", "--module"), "Run the script as a module: python -u -m MODULE."),
     _torchrun(("--no-python", "--no_python"), "Execute the script directly, not with python."),
     _torchrun(("--run-path", "--run_path"), "Run the script with runpy.run_path in a fresh interpreter."),
-    _torchrun(("--log-dir", "--log_dir"), "Base directory of the workers' logs and error files.", text,
-              metavar="PATH", shown_default="a temporary directory"),
-    _torchrun(("-r", "--redirects"), "Worker streams to files only: 0 none, 1 stdout, 2 stderr, 3 both; per local "
-                                     "rank as 0:3,1:1.", parse_stream_spec, "0", STREAMS_ALLOWED,
-              metavar=STREAMS_METAVAR),
-    _torchrun(("-t", "--tee"), "Worker streams to files and to the console, prefixed [role local_rank]:; values as "
-                               "--redirects.", parse_stream_spec, "0", STREAMS_ALLOWED, metavar=STREAMS_METAVAR),
-    _torchrun(("--log-line-prefix-template", "--log_line_prefix_template"),
-              "The prefix of each line --tee shows, with ${role_name}, ${rank}, ${local_rank} and ${hostname} "
-              "(this host's short name) substituted. Empty: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else the "
-              "default.", text, "", metavar="TEMPLATE", shown_default="[${role_name}${local_rank}]:"),
-    _torchrun(("--local-ranks-filter", "--local_ranks_filter"), "Local ranks shown on the console, e.g. 0,1; the "
-                                                                "files keep every rank.",
-              parse_rank_set, "", "expected a comma-separated list of local ranks, e.g. 0,1,2", metavar="RANK,...",
-              shown_default="every rank"),
-    _torchrun(("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
-              "Stdout " + FILTERS_HELP.format(file="filtered_stdout.log"), parse_line_filters, metavar="TEXT,...",
-              shown_default="no copy"),
-    _torchrun(("--duplicate-stderr-filters", "--duplicate_stderr_filters"),
-              "Stderr " + FILTERS_HELP.format(file="filtered_stderr.log"), parse_line_filters, metavar="TEXT,...",
-              shown_default="no copy"),
-    _torchrun(("--node-rank", "--node_rank"), "This node's rank, 0 to nnodes-1 (static).", parse_non_negative_int,
-              "0", "expected a non-negative integer", metavar="N"),
-    _torchrun(("--master-addr", "--master_addr"), "Node 0's address (static): its store listens there; the workers' "
-                                                  "MASTER_ADDR.", parse_host, "127.0.0.1", "expected a host name or address",
-              metavar="HOST"),
-    _torchrun(("--master-port", "--master_port"), "Port of node 0's store (static); the workers' MASTER_PORT.",
-              parse_port, str(DEFAULT_MASTER_PORT), "expected a port number 0..65535", metavar="PORT"),
-    _torchrun(("--local-addr", "--local_addr"), "This node's address as the others reach it (c10d: where node rank "
-                                                "0 serves the workers' store).", text, metavar="HOST",
-              shown_default="the address that routes to the store"),
-    _torchrun(("--logs-specs", "--logs_specs"), "Logs specs; only 'default' exists.", choice(LOGS_SPECS),
-              allowed="xlarun has only 'default'", metavar="NAME", shown_default="default"),
-    _torchrun(("--numa-binding", "--numa_binding"), "Validated, not applied: workers are not bound to NUMA nodes.",
-              choice(NUMA_BINDINGS), allowed=one_of(NUMA_BINDINGS), metavar=_choices(NUMA_BINDINGS)),
-    _torchrun(("--signals-to-handle", "--signals_to_handle"),
-              "Signals the launcher forwards to every worker and then stops them with, exiting 128+N. SIGUSR1 and "
-              "SIGUSR2 are always forwarded and the run goes on; Ctrl-Z always suspends the workers. A signal "
-              "left out keeps its default action (the orphan guard then kills the workers). SIGKILL, SIGSTOP, "
-              "SIGCHLD and SIGCONT are refused.", SignalList.parse,
-              SignalList().text, "expected signal names such as SIGTERM,SIGUSR1", metavar="SIGNAL,..."),
-    _torchrun(("--shutdown-timeout", "--shutdown_timeout", "--kill-timeout", "--kill_timeout"),
-              "Grace between the stop signal and SIGKILL when workers are stopped (--kill-timeout is xlarun's "
-              "older name).", GRACE_SECONDS, "30", GRACE_SECONDS.allowed, metavar="SECONDS",
-              variable="TORCH_ELASTIC_SHUTDOWN_TIMEOUT"),
-    _torchrun(("--virtual-local-rank", "--virtual_local_rank"),
-              "Every worker gets LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES (the local rank's "
-              "entry of the launcher's list, else the local rank). Refused with several workers per node on tpu, "
-              "neuron, cuda and xpu, whose runtimes place each process by its local rank."),
+    _torchrun(
+        ("--log-dir", "--log_dir"),
+        "Base directory of the workers' logs and error files.",
+        text,
+        metavar="PATH",
+        shown_default="a temporary directory",
+    ),
+    _torchrun(
+        ("-r", "--redirects"),
+        "Worker streams to files only: 0 none, 1 stdout, 2 stderr, 3 both; per local rank as 0:3,1:1.",
+        parse_stream_spec,
+        "0",
+        STREAMS_ALLOWED,
+        metavar=STREAMS_METAVAR,
+    ),
+    _torchrun(
+        ("-t", "--tee"),
+        "Worker streams to files and to the console, prefixed [role local_rank]:; values as --redirects.",
+        parse_stream_spec,
+        "0",
+        STREAMS_ALLOWED,
+        metavar=STREAMS_METAVAR,
+    ),
+    _torchrun(
+        ("--log-line-prefix-template", "--log_line_prefix_template"),
+        "The prefix of each line --tee shows, with ${role_name}, ${rank}, ${local_rank} and ${hostname} "
+        "(this host's short name) substituted. Empty: TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE, else the "
+        "default.",
+        text,
+        "",
+        metavar="TEMPLATE",
+        shown_default="[${role_name}${local_rank}]:",
+    ),
+    _torchrun(
+        ("--local-ranks-filter", "--local_ranks_filter"),
+        "Local ranks shown on the console, e.g. 0,1; the files keep every rank.",
+        parse_rank_set,
+        "",
+        "expected a comma-separated list of local ranks, e.g. 0,1,2",
+        metavar="RANK,...",
+        shown_default="every rank",
+    ),
+    _torchrun(
+        ("--duplicate-stdout-filters", "--duplicate_stdout_filters"),
+        "Stdout " + FILTERS_HELP.format(file="filtered_stdout.log"),
+        parse_line_filters,
+        metavar="TEXT,...",
+        shown_default="no copy",
+    ),
+    _torchrun(
+        ("--duplicate-stderr-filters", "--duplicate_stderr_filters"),
+        "Stderr " + FILTERS_HELP.format(file="filtered_stderr.log"),
+        parse_line_filters,
+        metavar="TEXT,...",
+        shown_default="no copy",
+    ),
+    _torchrun(
+        ("--node-rank", "--node_rank"),
+        "This node's rank, 0 to nnodes-1 (static).",
+        parse_non_negative_int,
+        "0",
+        "expected a non-negative integer",
+        metavar="N",
+    ),
+    _torchrun(
+        ("--master-addr", "--master_addr"),
+        "Node 0's address (static): its store listens there; the workers' MASTER_ADDR.",
+        parse_host,
+        "127.0.0.1",
+        "expected a host name or address",
+        metavar="HOST",
+    ),
+    _torchrun(
+        ("--master-port", "--master_port"),
+        "Port of node 0's store (static); the workers' MASTER_PORT.",
+        parse_port,
+        str(DEFAULT_MASTER_PORT),
+        "expected a port number 0..65535",
+        metavar="PORT",
+    ),
+    _torchrun(
+        ("--local-addr", "--local_addr"),
+        "This node's address as the others reach it (c10d: where node rank 0 serves the workers' store).",
+        text,
+        metavar="HOST",
+        shown_default="the address that routes to the store",
+    ),
+    _torchrun(
+        ("--logs-specs", "--logs_specs"),
+        "Logs specs; only 'default' exists.",
+        choice(LOGS_SPECS),
+        allowed="xlarun has only 'default'",
+        metavar="NAME",
+        shown_default="default",
+    ),
+    _torchrun(
+        ("--numa-binding", "--numa_binding"),
+        "Validated, not applied: workers are not bound to NUMA nodes.",
+        choice(NUMA_BINDINGS),
+        allowed=one_of(NUMA_BINDINGS),
+        metavar=_choices(NUMA_BINDINGS),
+    ),
+    _torchrun(
+        ("--signals-to-handle", "--signals_to_handle"),
+        "Signals the launcher forwards to every worker and then stops them with, exiting 128+N. SIGUSR1 and "
+        "SIGUSR2 are always forwarded and the run goes on; Ctrl-Z always suspends the workers. A signal "
+        "left out keeps its default action (the orphan guard then kills the workers). SIGKILL, SIGSTOP, "
+        "SIGCHLD and SIGCONT are refused.",
+        SignalList.parse,
+        SignalList().text,
+        "expected signal names such as SIGTERM,SIGUSR1",
+        metavar="SIGNAL,...",
+    ),
+    _torchrun(
+        ("--shutdown-timeout", "--shutdown_timeout", "--kill-timeout", "--kill_timeout"),
+        "Grace between the stop signal and SIGKILL when workers are stopped (--kill-timeout is xlarun's older name).",
+        GRACE_SECONDS,
+        "30",
+        GRACE_SECONDS.allowed,
+        metavar="SECONDS",
+        variable="TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
+    ),
+    _torchrun(
+        ("--virtual-local-rank", "--virtual_local_rank"),
+        "Every worker gets LOCAL_RANK=0 and only its own GPU in CUDA_VISIBLE_DEVICES (the local rank's "
+        "entry of the launcher's list, else the local rank). Refused with several workers per node on tpu, "
+        "neuron, cuda and xpu, whose runtimes place each process by its local rank.",
+    ),
     # xlarun's own.
-    _xlarun(("--dry-run", "--dry_run"), "Print the plan as JSON (every worker's argv and environment) and start "
-                                        "nothing; values a rendezvous decides read <decided at rendezvous>."),
-    _xlarun(("--summary-file", "--summary_file"), "Write a JSON record of the run for CI: result, exit_code, "
-                                                  "root_cause, attempts.",
-            parse_file_to_write, allowed="give a path to the JSON file to write", metavar="PATH"),
-    _xlarun(("--event-log", "--event_log"), "Write the run's events as JSON lines, as they happen (- for stderr): "
-                                            "the launch, each rendezvous, each worker's start and exit, restarts, "
-                                            "lost nodes, hangs, the end. A sink that cannot keep up costs events, "
-                                            "counted as events_dropped in the summary, never the run.",
-            parse_event_log, allowed="give a path to the file to append to, or - for stderr",
-            variable="XLARUN_EVENT_LOG", metavar="PATH"),
-    _xlarun(("--device",), "XLA device, the workers' PJRT_DEVICE. auto: PJRT_DEVICE if set, else this host's TPU "
-                           "chips, Neuron devices or NVIDIA GPUs, else cpu.", choice(DEVICES), "auto",
-            one_of(DEVICES), variable="XLARUN_DEVICE", metavar=_choices(DEVICES)),
-    _xlarun(("--runtime",), "Device runtime. auto: xrt with torch_xla 2.0 or older; without torch_xla, torchtpu "
-                            "(TorchTPU) on TPU where torch_tpu is installed, torchneuron (TorchNeuron) on Neuron "
-                            "where torch-neuronx is; else pjrt. xrt needs torch_xla 2.0 or older (2.1 removed it).",
-            choice(RUNTIMES), "auto", one_of(RUNTIMES),
-            metavar=_choices(RUNTIMES)),
-    _xlarun(("--spmd",), "One process per node that sees every local device (FSDPv2); on TPU every chip of the host "
-                         "is visible to it. The program switches SPMD on with torch_xla.runtime.use_spmd() "
-                         "(xlarun.init_process_group() calls it); XLA_USE_SPMD=1 is set on Neuron only."),
-    _xlarun(("--virtual-devices", "--virtual_devices"), "CPU only: N XLA devices in each process (CPU_NUM_DEVICES).",
-            parse_positive_int, allowed="expected a positive integer", metavar="N"),
-    _xlarun(("--coordinator-port", "--coordinator_port"), "Port of the XLA coordinator at MASTER_ADDR (Neuron's "
-                                                          "root communicator, XLA:GPU's coordinator, XRT's mesh).",
-            parse_nonzero_port, allowed="expected a port number 1..65535", metavar="PORT",
-            shown_default=COORDINATOR_RULE),
-    _xlarun(("--cluster",), "Take the node count, node rank and node 0 from the scheduler (Slurm, Kubeflow, GKE "
-                            "TPU, Open MPI) or a TPU VM's metadata server (tpu-vm); flags win. auto: whichever "
-                            "scheduler is present.", choice(CLUSTER_KINDS),
-            "none", one_of(CLUSTER_KINDS), variable="XLARUN_CLUSTER", metavar=_choices(CLUSTER_KINDS)),
-    _xlarun(("--hang-timeout", "--hang_timeout"),
-            "Seconds without progress (a line of output the launcher relays, a torch_xla step) and without CPU "
-            "use after which the workers count as hung: every rank's Python stack goes to its stacks.txt and the "
-            "report, and the run stops with exit code 124 (or restarts). A silent worker that computes is not "
-            "hung.", SECONDS, allowed=SECONDS.allowed,
-            variable="XLARUN_HANG_TIMEOUT", metavar="SECONDS", shown_default="off"),
-    _xlarun(("--metrics-textfile", "--metrics_textfile"),
-            "Keep the launch's state (up, attempt, restarts, workers running, each worker's exit code and peak "
-            "RSS, duration) in this file in Prometheus' text format, replaced whole at each change: for "
-            "node_exporter's textfile collector.", parse_file_to_write,
-            allowed="give a path to the .prom file to write", variable="XLARUN_METRICS_TEXTFILE", metavar="PATH"),
-    _xlarun(("--allow-busy-device", "--allow_busy_device"),
-            "Start even though other processes hold the device files (a device shared on purpose)."),
+    _xlarun(
+        ("--dry-run", "--dry_run"),
+        "Print the plan as JSON (every worker's argv and environment) and start "
+        "nothing; values a rendezvous decides read <decided at rendezvous>.",
+    ),
+    _xlarun(
+        ("--summary-file", "--summary_file"),
+        "Write a JSON record of the run for CI: result, exit_code, root_cause, attempts.",
+        parse_file_to_write,
+        allowed="give a path to the JSON file to write",
+        metavar="PATH",
+    ),
+    _xlarun(
+        ("--event-log", "--event_log"),
+        "Write the run's events as JSON lines, as they happen (- for stderr): "
+        "the launch, each rendezvous, each worker's start and exit, restarts, "
+        "lost nodes, hangs, the end. A sink that cannot keep up costs events, "
+        "counted as events_dropped in the summary, never the run.",
+        parse_event_log,
+        allowed="give a path to the file to append to, or - for stderr",
+        variable="XLARUN_EVENT_LOG",
+        metavar="PATH",
+    ),
+    _xlarun(
+        ("--device",),
+        "XLA device, the workers' PJRT_DEVICE. auto: PJRT_DEVICE if set, else this host's TPU "
+        "chips, Neuron devices or NVIDIA GPUs, else cpu.",
+        choice(DEVICES),
+        "auto",
+        one_of(DEVICES),
+        variable="XLARUN_DEVICE",
+        metavar=_choices(DEVICES),
+    ),
+    _xlarun(
+        ("--runtime",),
+        "Device runtime. auto: xrt with torch_xla 2.0 or older; without torch_xla, torchtpu "
+        "(TorchTPU) on TPU where torch_tpu is installed, torchneuron (TorchNeuron) on Neuron "
+        "where torch-neuronx is; else pjrt. xrt needs torch_xla 2.0 or older (2.1 removed it).",
+        choice(RUNTIMES),
+        "auto",
+        one_of(RUNTIMES),
+        metavar=_choices(RUNTIMES),
+    ),
+    _xlarun(
+        ("--spmd",),
+        "One process per node that sees every local device (FSDPv2); on TPU every chip of the host "
+        "is visible to it. The program switches SPMD on with torch_xla.runtime.use_spmd() "
+        "(xlarun.init_process_group() calls it); XLA_USE_SPMD=1 is set on Neuron only.",
+    ),
+    _xlarun(
+        ("--virtual-devices", "--virtual_devices"),
+        "CPU only: N XLA devices in each process (CPU_NUM_DEVICES).",
+        parse_positive_int,
+        allowed="expected a positive integer",
+        metavar="N",
+    ),
+    _xlarun(
+        ("--coordinator-port", "--coordinator_port"),
+        "Port of the XLA coordinator at MASTER_ADDR (Neuron's root communicator, XLA:GPU's coordinator, XRT's mesh).",
+        parse_nonzero_port,
+        allowed="expected a port number 1..65535",
+        metavar="PORT",
+        shown_default=COORDINATOR_RULE,
+    ),
+    _xlarun(
+        ("--cluster",),
+        "Take the node count, node rank and node 0 from the scheduler (Slurm, Kubeflow, GKE "
+        "TPU, Open MPI) or a TPU VM's metadata server (tpu-vm); flags win. auto: whichever "
+        "scheduler is present.",
+        choice(CLUSTER_KINDS),
+        "none",
+        one_of(CLUSTER_KINDS),
+        variable="XLARUN_CLUSTER",
+        metavar=_choices(CLUSTER_KINDS),
+    ),
+    _xlarun(
+        ("--hang-timeout", "--hang_timeout"),
+        "Seconds without progress (a line of output the launcher relays, a torch_xla step) and without CPU "
+        "use after which the workers count as hung: every rank's Python stack goes to its stacks.txt and the "
+        "report, and the run stops with exit code 124 (or restarts). A silent worker that computes is not "
+        "hung.",
+        SECONDS,
+        allowed=SECONDS.allowed,
+        variable="XLARUN_HANG_TIMEOUT",
+        metavar="SECONDS",
+        shown_default="off",
+    ),
+    _xlarun(
+        ("--metrics-textfile", "--metrics_textfile"),
+        "Keep the launch's state (up, attempt, restarts, workers running, each worker's exit code and peak "
+        "RSS, duration) in this file in Prometheus' text format, replaced whole at each change: for "
+        "node_exporter's textfile collector.",
+        parse_file_to_write,
+        allowed="give a path to the .prom file to write",
+        variable="XLARUN_METRICS_TEXTFILE",
+        metavar="PATH",
+    ),
+    _xlarun(
+        ("--allow-busy-device", "--allow_busy_device"),
+        "Start even though other processes hold the device files (a device shared on purpose).",
+    ),
     # Every host from one command: the fan-out's own flags (plan.py says what each host is sent).
-    _xlarun(("--hosts",), "Run the job on these hosts, one node each, node 0 on the first: xlarun starts an agent on "
-                          "each over ssh, sends it the plan on its standard input, and stops every host when one "
-                          "fails or on Ctrl-C. Comma-separated, with Slurm's ranges (tpu-w[0-3]).", parse_hosts,
-            allowed="expected host names separated by commas, each once", variable="XLARUN_HOSTS",
-            metavar="HOST,..."),
-    _xlarun(("--hostfile",), "--hosts from a file: the first word of each line (MPI's and DeepSpeed's files with "
-                             "slots= serve); # starts a comment.", parse_hostfile,
-            allowed="expected a readable file naming each host once", variable="XLARUN_HOSTFILE", metavar="PATH"),
-    _xlarun(("--ssh-config", "--ssh_config"), "The ssh configuration file for the hosts (ssh -F).", text,
-            variable="XLARUN_SSH_CONFIG", metavar="PATH", shown_default="ssh's own"),
-    _xlarun(("--rsh",), "Reach the hosts with this command instead of ssh; {host}, {index} and {command} are "
-                        "replaced in each word, e.g. 'kubectl exec -i {host} -- sh -c {command}'.", parse_rsh,
-            allowed="expected a command with {command}, e.g. 'kubectl exec -i {host} -- sh -c {command}'",
-            variable="XLARUN_RSH", metavar="TEMPLATE", shown_default="ssh -T -o BatchMode=yes ..."),
-    Option(("--env",), "A variable every worker on every host gets, sent in the plan (never on a command line); "
-                       "repeatable.", parse_env, allowed="expected NAME=VALUE", owner=XLARUN, metavar="NAME=VALUE",
-           repeatable=True),
-    _xlarun(("--env-file", "--env_file"), "Variables every worker on every host gets: NAME=VALUE lines, # comments.",
-            parse_env_file, allowed="expected a readable file of NAME=VALUE lines", metavar="PATH"),
-    _xlarun(("--remote-python", "--remote_python"), "The Python that runs xlarun on each host.", text,
-            variable="XLARUN_REMOTE_PYTHON", metavar="PATH", shown_default="this launcher's Python"),
-    _xlarun(("--remote-cwd", "--remote_cwd"), "The working directory on each host.", text,
-            variable="XLARUN_REMOTE_CWD", metavar="DIR", shown_default="this working directory"),
-    _xlarun(("--host-timeout", "--host_timeout"), "Seconds a host's agent waits for the launcher's heartbeat before "
-                                                  "it stops its workers (a frozen launcher, a dead connection).",
-            SECONDS, "15", SECONDS.allowed, variable="XLARUN_HOST_TIMEOUT", metavar="SECONDS"),
-    _xlarun(("--tpu-pod", "--tpu_pod"), "Run on every worker of this TPU VM pod slice, reached through gcloud's ssh.",
-            parse_host, allowed="expected the TPU's name", variable="XLARUN_TPU_POD", metavar="NAME"),
-    _xlarun(("--tpu-zone", "--tpu_zone"), "The pod slice's zone.", parse_host, allowed="expected a zone",
-            variable="XLARUN_TPU_ZONE", metavar="ZONE", shown_default="gcloud's default zone"),
+    _xlarun(
+        ("--hosts",),
+        "Run the job on these hosts, one node each, node 0 on the first: xlarun starts an agent on "
+        "each over ssh, sends it the plan on its standard input, and stops every host when one "
+        "fails or on Ctrl-C. Comma-separated, with Slurm's ranges (tpu-w[0-3]).",
+        parse_hosts,
+        allowed="expected host names separated by commas, each once",
+        variable="XLARUN_HOSTS",
+        metavar="HOST,...",
+    ),
+    _xlarun(
+        ("--hostfile",),
+        "--hosts from a file: the first word of each line (MPI's and DeepSpeed's files with "
+        "slots= serve); # starts a comment.",
+        parse_hostfile,
+        allowed="expected a readable file naming each host once",
+        variable="XLARUN_HOSTFILE",
+        metavar="PATH",
+    ),
+    _xlarun(
+        ("--ssh-config", "--ssh_config"),
+        "The ssh configuration file for the hosts (ssh -F).",
+        text,
+        variable="XLARUN_SSH_CONFIG",
+        metavar="PATH",
+        shown_default="ssh's own",
+    ),
+    _xlarun(
+        ("--rsh",),
+        "Reach the hosts with this command instead of ssh; {host}, {index} and {command} are "
+        "replaced in each word, e.g. 'kubectl exec -i {host} -- sh -c {command}'.",
+        parse_rsh,
+        allowed="expected a command with {command}, e.g. 'kubectl exec -i {host} -- sh -c {command}'",
+        variable="XLARUN_RSH",
+        metavar="TEMPLATE",
+        shown_default="ssh -T -o BatchMode=yes ...",
+    ),
+    Option(
+        ("--env",),
+        "A variable every worker on every host gets, sent in the plan (never on a command line); repeatable.",
+        parse_env,
+        allowed="expected NAME=VALUE",
+        owner=XLARUN,
+        metavar="NAME=VALUE",
+        repeatable=True,
+    ),
+    _xlarun(
+        ("--env-file", "--env_file"),
+        "Variables every worker on every host gets: NAME=VALUE lines, # comments.",
+        parse_env_file,
+        allowed="expected a readable file of NAME=VALUE lines",
+        metavar="PATH",
+    ),
+    _xlarun(
+        ("--remote-python", "--remote_python"),
+        "The Python that runs xlarun on each host.",
+        text,
+        variable="XLARUN_REMOTE_PYTHON",
+        metavar="PATH",
+        shown_default="this launcher's Python",
+    ),
+    _xlarun(
+        ("--remote-cwd", "--remote_cwd"),
+        "The working directory on each host.",
+        text,
+        variable="XLARUN_REMOTE_CWD",
+        metavar="DIR",
+        shown_default="this working directory",
+    ),
+    _xlarun(
+        ("--host-timeout", "--host_timeout"),
+        "Seconds a host's agent waits for the launcher's heartbeat before "
+        "it stops its workers (a frozen launcher, a dead connection).",
+        SECONDS,
+        "15",
+        SECONDS.allowed,
+        variable="XLARUN_HOST_TIMEOUT",
+        metavar="SECONDS",
+    ),
+    _xlarun(
+        ("--tpu-pod", "--tpu_pod"),
+        "Run on every worker of this TPU VM pod slice, reached through gcloud's ssh.",
+        parse_host,
+        allowed="expected the TPU's name",
+        variable="XLARUN_TPU_POD",
+        metavar="NAME",
+    ),
+    _xlarun(
+        ("--tpu-zone", "--tpu_zone"),
+        "The pod slice's zone.",
+        parse_host,
+        allowed="expected a zone",
+        variable="XLARUN_TPU_ZONE",
+        metavar="ZONE",
+        shown_default="gcloud's default zone",
+    ),
 )
 
 OPTIONS_BY_DEST: Mapping[str, Option] = {option.dest: option for option in OPTIONS}

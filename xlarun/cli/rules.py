@@ -57,9 +57,23 @@ own ``token`` and, under static with several nodes, ``join_timeout``, ``heartbea
 
 
 # Fields whose value is the option's parsed value, unchanged.
-_TAKEN_AS_PARSED = ("rdzv_conf", "max_restarts", "local_addr", "log_dir", "redirects", "tee", "local_ranks_filter",
-                    "shutdown_timeout", "signals_to_handle", "virtual_local_rank", "summary_file", "event_log", "dry_run",
-                    "allow_busy_device", "hang_timeout")
+_TAKEN_AS_PARSED = (
+    "rdzv_conf",
+    "max_restarts",
+    "local_addr",
+    "log_dir",
+    "redirects",
+    "tee",
+    "local_ranks_filter",
+    "shutdown_timeout",
+    "signals_to_handle",
+    "virtual_local_rank",
+    "summary_file",
+    "event_log",
+    "dry_run",
+    "allow_busy_device",
+    "hang_timeout",
+)
 
 
 _NOT_IN_A_RUN_ID = re.compile("[/\x00-\x1f\x7f-\x9f]")
@@ -71,9 +85,12 @@ control character (a newline would forge lines)."""
 def check_run_id(values: OptionValues, run_id: str) -> None:
     """Refuse a run id that would put the logs outside ``--log-dir`` or break the lines that name it."""
     if _NOT_IN_A_RUN_ID.search(run_id) or run_id in (".", ".."):
-        raise values.refuse("rdzv_id", f"cannot be a run id: it names the run's log directory inside "
-                                       f"{flag('log_dir')}, so it may hold no '/' or control character "
-                                       "and may not be '.' or '..'")
+        raise values.refuse(
+            "rdzv_id",
+            f"cannot be a run id: it names the run's log directory inside "
+            f"{flag('log_dir')}, so it may hold no '/' or control character "
+            "and may not be '.' or '..'",
+        )
 
 
 def check_visible_devices(values: OptionValues, environ: Mapping[str, str], nproc_per_node: int) -> None:
@@ -82,9 +99,11 @@ def check_visible_devices(values: OptionValues, environ: Mapping[str, str], npro
     raises at start)."""
     visible = environ.get("CUDA_VISIBLE_DEVICES")
     if values["virtual_local_rank"] and visible is not None and len(visible.split(",")) < nproc_per_node:
-        raise UsageError(f"{flag('virtual_local_rank')} gives each worker its local rank's entry of "
-                         f"CUDA_VISIBLE_DEVICES={visible!r}, which has too few for {nproc_per_node} workers: "
-                         "list one device per worker, or start fewer")
+        raise UsageError(
+            f"{flag('virtual_local_rank')} gives each worker its local rank's entry of "
+            f"CUDA_VISIBLE_DEVICES={visible!r}, which has too few for {nproc_per_node} workers: "
+            "list one device per worker, or start fewer"
+        )
 
 
 def require_script(script: str | None) -> str:
@@ -101,8 +120,9 @@ def check_rdzv_conf(values: OptionValues, backend: str, several_nodes: bool) -> 
     conf, source = values["rdzv_conf"], values.source("rdzv_conf")
     for key, (accepts, expected) in RDZV_CONF_READ[backend].items():
         if key in conf and not accepts(conf[key]):
-            raise UsageError(f"{source} {key}={conf[key]!r} is invalid: the {backend} rendezvous reads it as "
-                             f"{expected}")
+            raise UsageError(
+                f"{source} {key}={conf[key]!r} is invalid: the {backend} rendezvous reads it as {expected}"
+            )
     if backend == "c10d" or several_nodes:
         for key in seconds_keys(backend):
             if key in conf:
@@ -119,46 +139,78 @@ def check_store_port(values: OptionValues, config: LaunchConfig) -> None:
     ``--standalone`` does.
     """
     if config.rdzv_backend == "static" and config.rdzv_endpoint and endpoint_parts(config.rdzv_endpoint)[1] is None:
-        raise values.refuse("rdzv_endpoint", f"names no port: the static rendezvous serves its store at the "
-                                             f"endpoint's port; give HOST:PORT, or {flag('master_addr')} and "
-                                             f"{flag('master_port')} instead")
+        raise values.refuse(
+            "rdzv_endpoint",
+            f"names no port: the static rendezvous serves its store at the "
+            f"endpoint's port; give HOST:PORT, or {flag('master_addr')} and "
+            f"{flag('master_port')} instead",
+        )
     if config.standalone or config.store_address()[1] != 0:
         return
     given = "rdzv_endpoint" if config.rdzv_endpoint else "master_port"
     if config.max_nodes > 1:
-        raise values.refuse(given, f"has port 0: the node serving the store picks a free port at start, which "
-                                   f"the other nodes of {values.stated('nnodes')} cannot know; name the port")
+        raise values.refuse(
+            given,
+            f"has port 0: the node serving the store picks a free port at start, which "
+            f"the other nodes of {values.stated('nnodes')} cannot know; name the port",
+        )
     if config.rdzv_backend == "c10d" and config.rdzv_conf.get("is_host", "").lower() in TORCH_FALSE_WORDS:
-        raise values.refuse(given, f"has port 0: the launcher serving the store picks a free port at start, and "
-                                   f"{flag('rdzv_conf')} is_host={config.rdzv_conf['is_host']} says this one "
-                                   "does not serve it; name the port, or let this launcher serve it")
+        raise values.refuse(
+            given,
+            f"has port 0: the launcher serving the store picks a free port at start, and "
+            f"{flag('rdzv_conf')} is_host={config.rdzv_conf['is_host']} says this one "
+            "does not serve it; name the port, or let this launcher serve it",
+        )
 
 
 def lone_node_on_a_free_port(values: OptionValues, torchrun: Release) -> bool:
     """torchrun 2.12's rule: a lone static node given neither a master port nor an endpoint runs as
     ``--standalone`` does (:data:`~xlarun.planning.packages.LONE_NODE_ON_A_FREE_PORT`)."""
-    return (torchrun >= LONE_NODE_ON_A_FREE_PORT and values["nnodes"][1] == 1 and values["rdzv_backend"] == "static"
-            and not values["rdzv_endpoint"] and not values.is_set("master_port"))
+    return (
+        torchrun >= LONE_NODE_ON_A_FREE_PORT
+        and values["nnodes"][1] == 1
+        and values["rdzv_backend"] == "static"
+        and not values["rdzv_endpoint"]
+        and not values.is_set("master_port")
+    )
 
 
-def build_config(values: OptionValues, script: str, script_args: tuple[str, ...], environ: Mapping[str, str],
-                 python: str, nproc_per_node: int, torchrun: Release) -> LaunchConfig:
+def build_config(
+    values: OptionValues,
+    script: str,
+    script_args: tuple[str, ...],
+    environ: Mapping[str, str],
+    python: str,
+    nproc_per_node: int,
+    torchrun: Release,
+) -> LaunchConfig:
     """Check the rules between flags and build the launch configuration (``script`` as
     :func:`require_script` let it through)."""
     module, no_python, run_path = values["module"], values["no_python"], values["run_path"]
     if module and no_python:
-        raise UsageError(f"Don't use both the '{flag('no_python')}' flag and the '{flag('module')}' flag "
-                         "at the same time.")
+        raise UsageError(
+            f"Don't use both the '{flag('no_python')}' flag and the '{flag('module')}' flag at the same time."
+        )
     if run_path and (module or no_python):
-        raise UsageError(f"{flag('run_path')} runs a Python file: it cannot be combined with {flag('module')} "
-                         f"or {flag('no_python')}")
-    command = WorkerCommand(script=script, args=script_args, module=module, no_python=no_python,
-                            run_path=run_path, python=environ.get("PYTHON_EXEC") or python)
+        raise UsageError(
+            f"{flag('run_path')} runs a Python file: it cannot be combined with {flag('module')} or {flag('no_python')}"
+        )
+    command = WorkerCommand(
+        script=script,
+        args=script_args,
+        module=module,
+        no_python=no_python,
+        run_path=run_path,
+        python=environ.get("PYTHON_EXEC") or python,
+    )
 
     min_nodes, max_nodes = values["nnodes"]
     standalone = values["standalone"]
-    rdzv_backend, rdzv_endpoint, rdzv_id = (values["rdzv_backend"], values["rdzv_endpoint"],
-                                            values.given_or_default("rdzv_id"))
+    rdzv_backend, rdzv_endpoint, rdzv_id = (
+        values["rdzv_backend"],
+        values["rdzv_endpoint"],
+        values.given_or_default("rdzv_id"),
+    )
     if standalone and max_nodes > 1:
         raise UsageError(f"{flag('standalone')} runs a single node, but {values.stated('nnodes')}: drop one of them")
     if standalone or lone_node_on_a_free_port(values, torchrun):
@@ -172,11 +224,15 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
     node_rank = values["node_rank"]
     if rdzv_backend == "static":
         if node_rank >= max_nodes:
-            raise UsageError(f"{values.stated('node_rank')} is out of range: with {values.stated('nnodes')} "
-                             f"it must be 0..{max_nodes - 1}")
+            raise UsageError(
+                f"{values.stated('node_rank')} is out of range: with {values.stated('nnodes')} "
+                f"it must be 0..{max_nodes - 1}"
+            )
         if min_nodes != max_nodes:
-            raise UsageError(f"{values.stated('nnodes')}: a range needs {flag('rdzv_backend')}=c10d; "
-                             "static rendezvous takes a fixed node count")
+            raise UsageError(
+                f"{values.stated('nnodes')}: a range needs {flag('rdzv_backend')}=c10d; "
+                "static rendezvous takes a fixed node count"
+            )
 
     config = LaunchConfig(
         command=command,
@@ -193,8 +249,8 @@ def build_config(values: OptionValues, script: str, script_args: tuple[str, ...]
         torchrun=torchrun,
         role=values.given_or_default("role"),
         # torchrun's precedence: an empty template, given or not, leaves it to the variable.
-        log_line_prefix_template=values["log_line_prefix_template"] or environ.get(
-            "TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
+        log_line_prefix_template=values["log_line_prefix_template"]
+        or environ.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE"),
         duplicate_stdout_filters=values["duplicate_stdout_filters"] or (),
         duplicate_stderr_filters=values["duplicate_stderr_filters"] or (),
         **{name: values[name] for name in _TAKEN_AS_PARSED},
@@ -219,17 +275,22 @@ def check_hosts(values: OptionValues) -> bool:
     if not named:
         stray = next((dest for dest in (*HOSTS_ONLY, "tpu_zone") if values.is_set(dest)), None)
         if stray is not None:
-            raise UsageError(f"{values.source(stray)} is for a job on several hosts: give {flag('hosts')}, "
-                             f"{flag('hostfile')} or {flag('tpu_pod')} too")
+            raise UsageError(
+                f"{values.source(stray)} is for a job on several hosts: give {flag('hosts')}, "
+                f"{flag('hostfile')} or {flag('tpu_pod')} too"
+            )
         return False
     source = values.source(named[0])
     clash = next((dest for dest in HOSTS_DECIDE if values.is_set(dest)), None)
     if clash is not None:
-        raise UsageError(f"{values.stated(clash)} cannot go with {source}: the host list makes one node a host, "
-                         "node 0 on the first, in a static rendezvous")
+        raise UsageError(
+            f"{values.stated(clash)} cannot go with {source}: the host list makes one node a host, "
+            "node 0 on the first, in a static rendezvous"
+        )
     if values.is_set("tpu_zone") and not values.is_set("tpu_pod"):
         raise UsageError(f"{values.source('tpu_zone')} is the zone of {flag('tpu_pod')}: give that too")
     if values.is_set("tpu_pod") and values.is_set("rsh"):
-        raise UsageError(f"{values.source('rsh')} cannot go with {source}: the pod's workers are reached through "
-                         "gcloud")
+        raise UsageError(
+            f"{values.source('rsh')} cannot go with {source}: the pod's workers are reached through gcloud"
+        )
     return True

@@ -56,6 +56,7 @@ def print_stacks(launcher: int | None) -> int:
         raise LaunchError(str(error)) from None
     dumps = dump_stacks(StackTarget(worker.rank, worker.pid, worker.stacks_file) for worker in workers)
     natives = native_stacks(worker.pid for worker in workers)
+
     def write(text: str) -> None:
         # Stacks hold any text a program gives (file and function names): an escape sequence in
         # them would reach the terminal and could rewrite it.

@@ -77,8 +77,10 @@ def resolve_device(requested: str, environ: Mapping[str, str], root: str = "/") 
         # torch_xla reads only the part before '_' (e.g. "TPU_LEGACY" is TPU).
         kind = pjrt_device.split("_")[0].upper()
         if kind not in _FROM_PJRT_NAME:
-            raise PlanError(f"PJRT_DEVICE={pjrt_device} is not a device xlarun knows: "
-                             f"use one of {', '.join(_PJRT_NAMES.values())}, or unset it")
+            raise PlanError(
+                f"PJRT_DEVICE={pjrt_device} is not a device xlarun knows: "
+                f"use one of {', '.join(_PJRT_NAMES.values())}, or unset it"
+            )
         return _FROM_PJRT_NAME[kind]
     if tpu_chip_count(root):
         return "tpu"

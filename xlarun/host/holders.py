@@ -68,8 +68,14 @@ class Holder:
         return f"kill {self.pid}"
 
     def as_dict(self) -> dict[str, Any]:
-        return {"pid": self.pid, "command": self.command, "age_seconds": round(self.age_seconds, 1),
-                "devices": list(self.devices), "run_id": self.run_id, "stop": self.stop_command}
+        return {
+            "pid": self.pid,
+            "command": self.command,
+            "age_seconds": round(self.age_seconds, 1),
+            "devices": list(self.devices),
+            "run_id": self.run_id,
+            "stop": self.stop_command,
+        }
 
 
 def device_files(device: str, root: str = "/") -> set[str]:
@@ -142,9 +148,16 @@ def _describe_process(proc: str, pid: int, devices: set[str]) -> Holder | None:
     # One line whatever the arguments hold (``python -c`` programs span several).
     command = " ".join(b" ".join(argv).decode(errors="replace").split()) or f"[{name}]"
     if len(command) > COMMAND_WIDTH:
-        command = command[:COMMAND_WIDTH - 3] + "..."
-    return Holder(pid=pid, command=command, age_seconds=_age(proc, started), devices=tuple(sorted(devices)),
-                  run_id=started_environ(f"{base}/environ").get("TORCHELASTIC_RUN_ID"), pgid=pgid, sid=sid)
+        command = command[: COMMAND_WIDTH - 3] + "..."
+    return Holder(
+        pid=pid,
+        command=command,
+        age_seconds=_age(proc, started),
+        devices=tuple(sorted(devices)),
+        run_id=started_environ(f"{base}/environ").get("TORCHELASTIC_RUN_ID"),
+        pgid=pgid,
+        sid=sid,
+    )
 
 
 def _age(proc: str, started_ticks: int) -> float:
@@ -174,18 +187,25 @@ def format_age(seconds: float) -> str:
 def describe_holder(holder: Holder) -> str:
     """One line: who holds what, for how long, whether it is an earlier launch's worker, how to stop it."""
     if holder.pid == os.getpid():
-        return (f"this Python process (pid {holder.pid}) holds {', '.join(holder.devices)}, which its workers "
-                "need: release the device first (in a notebook, restart the kernel)")
-    earlier = (f"; a worker of an earlier launch (TORCHELASTIC_RUN_ID={holder.run_id})"
-               if holder.run_id is not None else "")
-    return (f"pid {holder.pid} holds {', '.join(holder.devices)} (running {format_age(holder.age_seconds)}): "
-            f"{holder.command}{earlier}; stop it with: {holder.stop_command}")
+        return (
+            f"this Python process (pid {holder.pid}) holds {', '.join(holder.devices)}, which its workers "
+            "need: release the device first (in a notebook, restart the kernel)"
+        )
+    earlier = (
+        f"; a worker of an earlier launch (TORCHELASTIC_RUN_ID={holder.run_id})" if holder.run_id is not None else ""
+    )
+    return (
+        f"pid {holder.pid} holds {', '.join(holder.devices)} (running {format_age(holder.age_seconds)}): "
+        f"{holder.command}{earlier}; stop it with: {holder.stop_command}"
+    )
 
 
 def busy_device_refusal(device: str, holders: list[Holder]) -> str:
     """The line that ends a launch after :func:`describe_holder`'s lines, one per holder (on lines of
     their own, or before it on its line)."""
     them = "them" if len(holders) > 1 else "it"
-    return (f"the {device} device is in use by {len(holders)} other process{'es' if len(holders) > 1 else ''}, "
-            f"so nothing was started: stop {them}, or pass {flag('allow_busy_device')} "
-            "where sharing the device is intended")
+    return (
+        f"the {device} device is in use by {len(holders)} other process{'es' if len(holders) > 1 else ''}, "
+        f"so nothing was started: stop {them}, or pass {flag('allow_busy_device')} "
+        "where sharing the device is intended"
+    )

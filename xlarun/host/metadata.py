@@ -46,8 +46,9 @@ def metadata_host(environ: Mapping[str, str]) -> str:
     return environ.get(METADATA_HOST_VARIABLE) or DEFAULT_METADATA_HOST
 
 
-def instance_attributes(keys: Sequence[str], environ: Mapping[str, str],
-                        deadline_s: float = DEADLINE_S) -> dict[str, str]:
+def instance_attributes(
+    keys: Sequence[str], environ: Mapping[str, str], deadline_s: float = DEADLINE_S
+) -> dict[str, str]:
     """The text of each instance attribute of ``keys``, all within ``deadline_s``; raises
     :class:`MetadataError` where one cannot be had."""
     deadline = time.monotonic() + deadline_s
@@ -56,11 +57,11 @@ def instance_attributes(keys: Sequence[str], environ: Mapping[str, str],
     try:
         addresses = _look_up(hostname, port, deadline)
     except TimeoutError:
-        raise MetadataError(f"the metadata server's name {hostname} did not resolve within {deadline_s:g} s"
-                            ) from None
+        raise MetadataError(f"the metadata server's name {hostname} did not resolve within {deadline_s:g} s") from None
     except OSError as error:
-        raise MetadataError(f"the metadata server's name {hostname} does not resolve "
-                            f"({error.strerror or type(error).__name__})") from None
+        raise MetadataError(
+            f"the metadata server's name {hostname} does not resolve ({error.strerror or type(error).__name__})"
+        ) from None
     return {key: _attribute(host, addresses, key, deadline, deadline_s) for key in keys}
 
 
@@ -110,8 +111,9 @@ def _look_up(hostname: str, port: int, deadline: float) -> _Addresses:
 def _attribute(host: str, addresses: _Addresses, key: str, deadline: float, deadline_s: float) -> str:
     import http.client
 
-    request = (f"GET {ATTRIBUTES_PATH}{key} HTTP/1.1\r\nHost: {host}\r\nMetadata-Flavor: Google\r\n"
-               "Connection: close\r\n\r\n").encode()
+    request = (
+        f"GET {ATTRIBUTES_PATH}{key} HTTP/1.1\r\nHost: {host}\r\nMetadata-Flavor: Google\r\nConnection: close\r\n\r\n"
+    ).encode()
     try:
         answer = _exchange(addresses, request, deadline)
         response = http.client.HTTPResponse(_Received(answer))  # type: ignore[arg-type]
@@ -120,14 +122,17 @@ def _attribute(host: str, addresses: _Addresses, key: str, deadline: float, dead
     except TimeoutError:
         raise MetadataError(f"the metadata server at {host} did not answer {key} within {deadline_s:g} s") from None
     except _TooLarge:
-        raise MetadataError(f"the metadata server at {host} sent more than {MAX_ANSWER_BYTES >> 20} MiB for {key}"
-                            ) from None
+        raise MetadataError(
+            f"the metadata server at {host} sent more than {MAX_ANSWER_BYTES >> 20} MiB for {key}"
+        ) from None
     except http.client.HTTPException as error:
-        raise MetadataError(f"the metadata server at {host} sent no HTTP answer for {key} "
-                            f"({type(error).__name__})") from None
+        raise MetadataError(
+            f"the metadata server at {host} sent no HTTP answer for {key} ({type(error).__name__})"
+        ) from None
     except OSError as error:
-        raise MetadataError(f"cannot reach the metadata server at {host} for {key}: "
-                            f"{error.strerror or type(error).__name__}") from None
+        raise MetadataError(
+            f"cannot reach the metadata server at {host} for {key}: {error.strerror or type(error).__name__}"
+        ) from None
     if response.status != 200:
         raise MetadataError(f"the metadata server at {host} answered {response.status} for {key}")
     return body.decode(errors="backslashreplace")

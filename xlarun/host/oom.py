@@ -169,8 +169,11 @@ def memory_cgroup_directory(process: str = "/proc/self") -> str | None:
             mountinfo = [line.split() for line in mounts]
     except OSError:
         return None
-    paths = {controller: path for _, controller, path in (entry for entry in memberships if len(entry) == 3)
-             for controller in controller.split(",")}
+    paths = {
+        controller: path
+        for _, controller, path in (entry for entry in memberships if len(entry) == 3)
+        for controller in controller.split(",")
+    }
     for fields in mountinfo:
         separator = fields.index("-") if "-" in fields else -1
         if separator < 0 or len(fields) < separator + 4:
@@ -184,7 +187,7 @@ def memory_cgroup_directory(process: str = "/proc/self") -> str | None:
             continue
         if path is None or not (path + "/").startswith(root.rstrip("/") + "/"):
             continue
-        inside = path[len(root.rstrip("/")):].strip("/")
+        inside = path[len(root.rstrip("/")) :].strip("/")
         return os.path.join(mount_point, inside) if inside else mount_point
     return None
 

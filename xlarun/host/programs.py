@@ -30,12 +30,16 @@ def program_problem(command: WorkerCommand, cwd: str) -> str | None:
     if command.no_python:
         path = os.path.join(cwd, command.script)
         if "/" in command.script and os.path.isfile(path) and not os.access(path, os.X_OK):
-            return (f"{command.script} is not executable ({flag('no_python')} runs it directly): "
-                    f"chmod +x it, or drop {flag('no_python')} to run it with python")
+            return (
+                f"{command.script} is not executable ({flag('no_python')} runs it directly): "
+                f"chmod +x it, or drop {flag('no_python')} to run it with python"
+            )
         found = shutil.which(path) if "/" in command.script else shutil.which(command.script)
         if found is None:
-            return (f"command not found: {command.script} ({flag('no_python')} runs it directly; "
-                    "give a path or a program on PATH)")
+            return (
+                f"command not found: {command.script} ({flag('no_python')} runs it directly; "
+                "give a path or a program on PATH)"
+            )
     elif not command.module and not os.path.exists(os.path.join(cwd, command.script)):
         return f"training script not found: {command.script}"
     return None

@@ -137,13 +137,21 @@ DRY_RUN_HOSTS: Mapping[str, AssumedHost] = {
 """What a dry run on a host without the device assumes, so that a laptop can plan for a TPU VM
 or a Trainium instance; docs/devices.md lists these defaults."""
 
-TPU_HOST_8_CHIPS = AssumedHost(8, "a TPU VM host with 8 chips in 2,4,1 (v5litepod-8, v6e-8)", "TPU chips",
-                               tpu_chip="0x006f")
+TPU_HOST_8_CHIPS = AssumedHost(
+    8, "a TPU VM host with 8 chips in 2,4,1 (v5litepod-8, v6e-8)", "TPU chips", tpu_chip="0x006f"
+)
 """The host a TPU dry run assumes instead when the worker count given needs more than 4 chips."""
 
 
-def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: int, nproc: NprocRequest,
-                dry_run: bool, user_environ: Mapping[str, str] | None = None) -> DevicePlan:
+def plan_device(
+    request: DeviceRequest,
+    environ: Mapping[str, str],
+    *,
+    nnodes: int,
+    nproc: NprocRequest,
+    dry_run: bool,
+    user_environ: Mapping[str, str] | None = None,
+) -> DevicePlan:
     """Resolve device and runtime, check the installed packages can run them, and plan the variables.
 
     ``user_environ`` is the launcher's own environment where ``environ`` adds what a cluster says of
@@ -156,19 +164,26 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
     root = host_root(environ)
     # A device's own runtime names its device: --runtime torchtpu plans for TPU wherever it runs.
     native_device = NATIVE_RUNTIMES.get(request.runtime)
-    device = resolve_device(native_device if native_device and request.device == "auto" else request.device,
-                            environ, root)
+    device = resolve_device(
+        native_device if native_device and request.device == "auto" else request.device, environ, root
+    )
     torch_xla_version = installed_version("torch_xla")
     runtime = resolve_runtime(request.runtime, torch_xla_version, device, request.spmd)
     notices: list[str] = []
-    if (device == "cuda" and request.device == "auto" and "PJRT_DEVICE" not in environ
-            and not xla_has_cuda(torch_xla_version)):
+    if (
+        device == "cuda"
+        and request.device == "auto"
+        and "PJRT_DEVICE" not in environ
+        and not xla_has_cuda(torch_xla_version)
+    ):
         # A GPU host running a plain torchrun job (NCCL, gloo) must not be refused for lack of XLA:GPU.
         device = "cpu"
         if torch_xla_version is not None:
-            notices.append(f"this host has {nvidia_gpu_count(root)} NVIDIA GPUs, but torch_xla {torch_xla_version} "
-                           "has no XLA:GPU (only 2.2 to 2.8 do): workers get PJRT_DEVICE=CPU, so XLA tensors go "
-                           "to the CPU; plain CUDA and NCCL code is unaffected")
+            notices.append(
+                f"this host has {nvidia_gpu_count(root)} NVIDIA GPUs, but torch_xla {torch_xla_version} "
+                "has no XLA:GPU (only 2.2 to 2.8 do): workers get PJRT_DEVICE=CPU, so XLA tensors go "
+                "to the CPU; plain CUDA and NCCL code is unaffected"
+            )
     units = local_unit_count(device, root)
     host = assumed_host(device, nproc, request.spmd) if dry_run and units == 0 else None
     host_used = host is not None and nproc.word == "auto" and not request.spmd
@@ -183,32 +198,57 @@ def plan_device(request: DeviceRequest, environ: Mapping[str, str], *, nnodes: i
     if runtime == "torchtpu":
         tpu_slice = plan_tpu_slice(environ, root, host)
         if nnodes > 1 and torchtpu.slice_topology(topology, tpu_slice) is None and torchtpu.TOPOLOGY not in environ:
-            raise PlanError(f"TorchTPU across hosts needs the slice's topology, where torch_tpu would put one "
-                            f"host's: set TPU_HOST_BOUNDS and TPU_CHIPS_PER_HOST_BOUNDS (the tpu-env metadata's "
-                            f"HOST_BOUNDS and CHIPS_PER_HOST_BOUNDS), TPU_TOPOLOGY (GKE's) or {torchtpu.TOPOLOGY}, "
-                            f"or on a TPU VM use {flag('cluster')} tpu-vm")
+            raise PlanError(
+                f"TorchTPU across hosts needs the slice's topology, where torch_tpu would put one "
+                f"host's: set TPU_HOST_BOUNDS and TPU_CHIPS_PER_HOST_BOUNDS (the tpu-env metadata's "
+                f"HOST_BOUNDS and CHIPS_PER_HOST_BOUNDS), TPU_TOPOLOGY (GKE's) or {torchtpu.TOPOLOGY}, "
+                f"or on a TPU VM use {flag('cluster')} tpu-vm"
+            )
     local_units = node_units = host.units if host is not None else units
     if tpu_slice is not None and local_units:
         # A TPU7x chip exposes two devices, each a rank of its own.
         local_units = node_units = local_units * tpu_slice.devices_per_chip
     if device == "neuron" and environ.get("NEURON_RT_VISIBLE_CORES"):
         node_units = neuron.visible_core_count(environ["NEURON_RT_VISIBLE_CORES"]) or node_units
-    xla = XlaOptions(device=device, runtime=runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
-                     coordinator_port=request.coordinator_port, tpu_topology=topology,
-                     release=release_of(torch_xla_version), local_units=node_units, tpu_slice=tpu_slice,
-                     megascale=joined)
+    xla = XlaOptions(
+        device=device,
+        runtime=runtime,
+        spmd=request.spmd,
+        virtual_devices=request.virtual_devices,
+        coordinator_port=request.coordinator_port,
+        tpu_topology=topology,
+        release=release_of(torch_xla_version),
+        local_units=node_units,
+        tpu_slice=tpu_slice,
+        megascale=joined,
+    )
     if not dry_run:
-        preflight(device, runtime, spmd=request.spmd, virtual_devices=request.virtual_devices,
-                  tpu_library_path=environ.get("TPU_LIBRARY_PATH"), tpu_generation=generation)
+        preflight(
+            device,
+            runtime,
+            spmd=request.spmd,
+            virtual_devices=request.virtual_devices,
+            tpu_library_path=environ.get("TPU_LIBRARY_PATH"),
+            tpu_generation=generation,
+        )
         if units == 0:
             # Detection never picks a device the host lacks: it was asked for, by flag or PJRT_DEVICE.
-            raise PlanError(f"device {device} was asked for, but this host has no {DRY_RUN_HOSTS[device].lacking}: "
-                            f"run on a {device} host, or plan for one with {flag('dry_run')}")
+            raise PlanError(
+                f"device {device} was asked for, but this host has no {DRY_RUN_HOSTS[device].lacking}: "
+                f"run on a {device} host, or plan for one with {flag('dry_run')}"
+            )
     assumed = (assumption(device, host),) if host is not None and host_used else ()
-    return DevicePlan(device=device, runtime=runtime, xla=xla, spmd=request.spmd,
-                      user_environ=dict(environ if user_environ is None else user_environ),
-                      local_units=local_units, notices=tuple(notices), assumed=assumed,
-                      torch_xla_version=torch_xla_version)
+    return DevicePlan(
+        device=device,
+        runtime=runtime,
+        xla=xla,
+        spmd=request.spmd,
+        user_environ=dict(environ if user_environ is None else user_environ),
+        local_units=local_units,
+        notices=tuple(notices),
+        assumed=assumed,
+        torch_xla_version=torch_xla_version,
+    )
 
 
 def plan_tpu_slice(environ: Mapping[str, str], root: str, host: AssumedHost | None) -> torchtpu.TpuSlice:
@@ -220,8 +260,11 @@ def plan_tpu_slice(environ: Mapping[str, str], root: str, host: AssumedHost | No
     Indexed Jobs). ``TPU_WORKER_HOSTNAMES`` counts only with two names or more: a single-host
     TPU VM sets it to its own name, as torch_tpu notes. The slice's chips from GKE's ``TPU_TOPOLOGY``.
     """
-    chip = (torchtpu.chip_of_accelerator_type(environ.get("TPU_ACCELERATOR_TYPE", "")) or tpu_chip_id(root)
-            or (host.tpu_chip if host is not None else None))
+    chip = (
+        torchtpu.chip_of_accelerator_type(environ.get("TPU_ACCELERATOR_TYPE", ""))
+        or tpu_chip_id(root)
+        or (host.tpu_chip if host is not None else None)
+    )
     base_port = _whole_number(environ, torchtpu.BASE_PORT_VARIABLE)
     if base_port is not None and not 1 <= base_port <= 65535:
         raise PlanError(f"{torchtpu.BASE_PORT_VARIABLE}={base_port} is not a TCP port: use 1-65535")
@@ -230,9 +273,13 @@ def plan_tpu_slice(environ: Mapping[str, str], root: str, host: AssumedHost | No
         worker = _whole_number(environ, "JOB_COMPLETION_INDEX")
     hostnames = tuple(name for name in environ.get("TPU_WORKER_HOSTNAMES", "").split(",") if name)
     mesh = environ.get("TPU_TOPOLOGY")
-    return torchtpu.TpuSlice(chip=chip, base_port=torchtpu.DEFAULT_BASE_PORT if base_port is None else base_port,
-                             worker=worker, worker_hostnames=hostnames if len(hostnames) > 1 else (),
-                             chip_mesh=torchtpu.chip_mesh(mesh) if mesh else None)
+    return torchtpu.TpuSlice(
+        chip=chip,
+        base_port=torchtpu.DEFAULT_BASE_PORT if base_port is None else base_port,
+        worker=worker,
+        worker_hostnames=hostnames if len(hostnames) > 1 else (),
+        chip_mesh=torchtpu.chip_mesh(mesh) if mesh else None,
+    )
 
 
 def _whole_number(environ: Mapping[str, str], name: str) -> int | None:
@@ -257,13 +304,17 @@ def check_slice_seating(device: DevicePlan, topology: Topology, max_nodes: int) 
     if not device.plans_slice_addresses or max_nodes == 1:
         return
     if worker is not None and worker >= max_nodes:
-        raise PlanError(f"this host is worker {worker} of its TPU slice, past the job's {max_nodes} nodes: give "
-                        f"{flag('nnodes')} the slice's host count")
+        raise PlanError(
+            f"this host is worker {worker} of its TPU slice, past the job's {max_nodes} nodes: give "
+            f"{flag('nnodes')} the slice's host count"
+        )
     if topology is Topology.C10D and worker is None:
-        raise PlanError("TorchTPU across hosts needs each node rank to be the host's worker number in its TPU "
-                        "slice (libtpu maps task ids to chips), and a c10d rendezvous would hand them out by "
-                        f"arrival: set TPU_WORKER_ID or JOB_COMPLETION_INDEX, use {flag('cluster')} tpu-vm or "
-                        f"gke-tpu, or give {flag('node_rank')} with {flag('rdzv_backend')} static")
+        raise PlanError(
+            "TorchTPU across hosts needs each node rank to be the host's worker number in its TPU "
+            "slice (libtpu maps task ids to chips), and a c10d rendezvous would hand them out by "
+            f"arrival: set TPU_WORKER_ID or JOB_COMPLETION_INDEX, use {flag('cluster')} tpu-vm or "
+            f"gke-tpu, or give {flag('node_rank')} with {flag('rdzv_backend')} static"
+        )
 
 
 def assumed_host(device: str, nproc: NprocRequest, spmd: bool) -> AssumedHost | None:
@@ -292,8 +343,9 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
     """
     if device.spmd:
         if request.count not in (None, 1) or request.word not in (None, "auto"):
-            raise PlanError("cannot run under SPMD, where one process per node sees every local device: "
-                            "drop it or set it to 1")
+            raise PlanError(
+                "cannot run under SPMD, where one process per node sees every local device: drop it or set it to 1"
+            )
         return 1
     if request.count is not None:
         return request.count
@@ -324,8 +376,14 @@ def torch_xpu_count(environ: Mapping[str, str]) -> int:
     imports torch on one node, and nothing in /sys says how many devices Level Zero makes
     of a card (a Max 1550 is one or two). 0 where torch or an XPU is missing.
     """
-    probe = subprocess.run([sys.executable, "-c", XPU_COUNT_PROBE], capture_output=True, text=True, timeout=300,
-                           env={**environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"}, stdin=subprocess.DEVNULL)
+    probe = subprocess.run(
+        [sys.executable, "-c", XPU_COUNT_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**environ, "TORCH_DEVICE_BACKEND_AUTOLOAD": "0"},
+        stdin=subprocess.DEVNULL,
+    )
     words = probe.stdout.split()
     return int(words[-1]) if probe.returncode == 0 and words and words[-1].isdigit() else 0
 
@@ -350,17 +408,23 @@ def cpu_split_world(device: DevicePlan, nproc_per_node: int, nnodes: int) -> str
     of one, whatever the launcher says, so ``init_process_group("xla")`` or ``xla://``
     joins nothing (on one node each process even serves the store itself).
     """
-    if (device.device != "cpu" or device.runtime != "pjrt" or device.spmd or nproc_per_node * nnodes < 2
-            or device.torch_xla_version is None):
+    if (
+        device.device != "cpu"
+        or device.runtime != "pjrt"
+        or device.spmd
+        or nproc_per_node * nnodes < 2
+        or device.torch_xla_version is None
+    ):
         return None
     processes = f"{nproc_per_node}" if nnodes == 1 else f"{nproc_per_node} x {nnodes}"
-    return (f"PJRT's CPU client makes each of the {processes} CPU processes an XLA world of its own (rank 0 of "
-            f"1), so init_process_group('xla') and xla:// join no other process; for several XLA devices use "
-            f"{flag('spmd')} {flag('virtual_devices')} N (one process), for collectives between CPU processes "
-            "the gloo backend")
+    return (
+        f"PJRT's CPU client makes each of the {processes} CPU processes an XLA world of its own (rank 0 of "
+        f"1), so init_process_group('xla') and xla:// join no other process; for several XLA devices use "
+        f"{flag('spmd')} {flag('virtual_devices')} N (one process), for collectives between CPU processes "
+        "the gloo backend"
+    )
 
 
 def xla_has_cuda(torch_xla_version: str | None) -> bool:
     """XLA:GPU exists in torch_xla 2.2 to 2.8 only."""
-    return (torch_xla_version is not None
-            and FIRST_WITH_CUDA_NAME <= major_minor(torch_xla_version) < FIRST_WITHOUT_CUDA)
+    return torch_xla_version is not None and FIRST_WITH_CUDA_NAME <= major_minor(torch_xla_version) < FIRST_WITHOUT_CUDA

@@ -93,14 +93,20 @@ def probe_node(config: LaunchConfig, device: DevicePlan) -> NodeAssignment:
     master_addr, master_port = config.store_address()
     if config.topology in (Topology.STANDALONE, Topology.C10D):
         master_addr, master_port = config.master_addr, stand_in_ports(device)[0]
-    node = NodeAssignment.single_node(config.rdzv_id, config.nproc_per_node, master_addr, master_port,
-                                      node_rank=min(config.node_rank, config.max_nodes - 1),
-                                      nnodes=config.max_nodes)
+    node = NodeAssignment.single_node(
+        config.rdzv_id,
+        config.nproc_per_node,
+        master_addr,
+        master_port,
+        node_rank=min(config.node_rank, config.max_nodes - 1),
+        nnodes=config.max_nodes,
+    )
     return with_slice_stand_ins(node, config, device)
 
 
-def with_slice_stand_ins(node: NodeAssignment, config: LaunchConfig, device: DevicePlan,
-                         variant: int = 0) -> NodeAssignment:
+def with_slice_stand_ins(
+    node: NodeAssignment, config: LaunchConfig, device: DevicePlan, variant: int = 0
+) -> NodeAssignment:
     """``node`` with stand-ins for what TorchTPU's address list takes from the start or the rendezvous.
 
     On one node the ports the launcher picks for its workers; across nodes every node's address,
@@ -113,17 +119,23 @@ def with_slice_stand_ins(node: NodeAssignment, config: LaunchConfig, device: Dev
         return node
     if config.topology in (Topology.STANDALONE, Topology.LONE_NODE):
         first = STAND_IN_WORKER_PORT + variant * node.local_world_size
-        return dataclasses.replace(node, worker_ports=tuple(range(first, first + node.local_world_size)),
-                                   job_started_ns=variant)
+        return dataclasses.replace(
+            node, worker_ports=tuple(range(first, first + node.local_world_size)), job_started_ns=variant
+        )
     worker = device.slice_worker
     if config.topology is Topology.C10D and worker is not None:
-        node = dataclasses.replace(node, node_rank=worker, nnodes=config.max_nodes,
-                                   rank_offset=worker * node.local_world_size,
-                                   world_size=config.max_nodes * node.local_world_size)
+        node = dataclasses.replace(
+            node,
+            node_rank=worker,
+            nnodes=config.max_nodes,
+            rank_offset=worker * node.local_world_size,
+            world_size=config.max_nodes * node.local_world_size,
+        )
     host = stand_in_node_address(config)
     # The alternative's addresses are as long, so that both plans fit Linux's limit or neither does.
-    return dataclasses.replace(node, hosts=("x" * len(host) if variant else host,) * node.nnodes,
-                               job_started_ns=variant)
+    return dataclasses.replace(
+        node, hosts=("x" * len(host) if variant else host,) * node.nnodes, job_started_ns=variant
+    )
 
 
 def stand_in_node_address(config: LaunchConfig) -> str:
@@ -145,10 +157,16 @@ def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:
     node, other = plan.node, plan.alternative or plan.node
     assumed = plan.assumed
     if device.plans_slice_addresses and config.topology in (Topology.STATIC, Topology.C10D):
-        assumed += (f"{ADDRESSES} assumes every node's address is as long as {stand_in_node_address(config)}; "
-                    "the rendezvous learns the real ones",)
-    return dataclasses.replace(plan, node=with_slice_stand_ins(node, config, device),
-                               alternative=with_slice_stand_ins(other, config, device, variant=1), assumed=assumed)
+        assumed += (
+            f"{ADDRESSES} assumes every node's address is as long as {stand_in_node_address(config)}; "
+            "the rendezvous learns the real ones",
+        )
+    return dataclasses.replace(
+        plan,
+        node=with_slice_stand_ins(node, config, device),
+        alternative=with_slice_stand_ins(other, config, device, variant=1),
+        assumed=assumed,
+    )
 
 
 def plan_node_placement(config: LaunchConfig, device: DevicePlan) -> NodePlan:
@@ -164,30 +182,56 @@ def plan_node_placement(config: LaunchConfig, device: DevicePlan) -> NodePlan:
         return NodePlan(node, dataclasses.replace(node, master_port=other_port, run_id=run_id))
     if topology is Topology.LONE_NODE:
         host, store_port = config.store_address()
-        return NodePlan(NodeAssignment.single_node(config.rdzv_id, nproc, host, store_port),
-                        endpoint=host_port(host, store_port) if config.rdzv_endpoint else "")
+        return NodePlan(
+            NodeAssignment.single_node(config.rdzv_id, nproc, host, store_port),
+            endpoint=host_port(host, store_port) if config.rdzv_endpoint else "",
+        )
     if topology is Topology.STATIC:
         # Node 0's agent serves the job's store, at the endpoint when one is given; the workers'
         # first attempt uses it as torchrun's agent store.
         host, store_port = config.store_address()
-        node = NodeAssignment.single_node(config.rdzv_id, nproc, host, store_port, node_rank=config.node_rank,
-                                          nnodes=config.max_nodes)
-        return NodePlan(dataclasses.replace(node, agent_store=True), endpoint=host_port(host, store_port),
-                        assumed=(f"ranks and world size assume every node runs as many workers as this one "
-                                 f"({nproc}); the rendezvous adds up the nodes' real counts",))
+        node = NodeAssignment.single_node(
+            config.rdzv_id, nproc, host, store_port, node_rank=config.node_rank, nnodes=config.max_nodes
+        )
+        return NodePlan(
+            dataclasses.replace(node, agent_store=True),
+            endpoint=host_port(host, store_port),
+            assumed=(
+                f"ranks and world size assume every node runs as many workers as this one "
+                f"({nproc}); the rendezvous adds up the nodes' real counts",
+            ),
+        )
     host, store_port = config.store_address()
-    node = NodeAssignment(run_id=config.rdzv_id, node_rank=0, nnodes=config.min_nodes, local_world_size=nproc,
-                          rank_offset=0, world_size=config.min_nodes * nproc, master_addr=host, master_port=port,
-                          agent_store=True)
+    node = NodeAssignment(
+        run_id=config.rdzv_id,
+        node_rank=0,
+        nnodes=config.min_nodes,
+        local_world_size=nproc,
+        rank_offset=0,
+        world_size=config.min_nodes * nproc,
+        master_addr=host,
+        master_port=port,
+        agent_store=True,
+    )
     other = dataclasses.replace(node, master_addr=f"{host}-other", master_port=other_port)
     if config.max_nodes > 1:
-        other = dataclasses.replace(other, node_rank=1, rank_offset=nproc, world_size=node.world_size + 1,
-                                    nnodes=node.nnodes + (config.min_nodes != config.max_nodes))
+        other = dataclasses.replace(
+            other,
+            node_rank=1,
+            rank_offset=nproc,
+            world_size=node.world_size + 1,
+            nnodes=node.nnodes + (config.min_nodes != config.max_nodes),
+        )
     return NodePlan(node, other, endpoint=host_port(host, store_port))
 
 
-def plan_document(config: LaunchConfig, device: DevicePlan, environ: Mapping[str, str],
-                  notices: Sequence[str] = (), files: Mapping[str, str | None] | None = None) -> dict[str, Any]:
+def plan_document(
+    config: LaunchConfig,
+    device: DevicePlan,
+    environ: Mapping[str, str],
+    notices: Sequence[str] = (),
+    files: Mapping[str, str | None] | None = None,
+) -> dict[str, Any]:
     """The dry run's JSON for this node (:func:`dry_run_document`), with who holds the device files now,
     and the files the run would write (:func:`files_written`, and ``files``: more of them, by option)."""
     log_dir = config.log_dir or "<log_dir>"
@@ -207,8 +251,14 @@ def files_written(config: LaunchConfig) -> dict[str, str | None]:
     return {"summary_file": config.summary_file, "event_log": config.event_log}
 
 
-def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan, environ: Mapping[str, str],
-                     error_file_for: Callable[[str, int], str], notices: Sequence[str] = ()) -> dict[str, Any]:
+def dry_run_document(
+    config: LaunchConfig,
+    planned: NodePlan,
+    device: DevicePlan,
+    environ: Mapping[str, str],
+    error_file_for: Callable[[str, int], str],
+    notices: Sequence[str] = (),
+) -> dict[str, Any]:
     """The dry run's JSON: the whole plan for this node, nothing started.
 
     Values decided at rendezvous read :data:`DECIDED_AT_RENDEZVOUS`, and
@@ -223,26 +273,40 @@ def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan
     node, other = planned.node, planned.alternative or planned.node
 
     def variables(assignment: NodeAssignment, local_rank: int) -> dict[str, str]:
-        return worker_variables(config, assignment, local_rank, device, environ,
-                                error_file_for(assignment.run_id, local_rank))
+        return worker_variables(
+            config, assignment, local_rank, device, environ, error_file_for(assignment.run_id, local_rank)
+        )
 
     envs = [variables(node, local_rank) for local_rank in range(node.local_world_size)]
-    undecided_variables = sorted({name for local_rank, env in enumerate(envs)
-                                  for name, value in variables(other, local_rank).items() if env[name] != value})
+    undecided_variables = sorted(
+        {
+            name
+            for local_rank, env in enumerate(envs)
+            for name, value in variables(other, local_rank).items()
+            if env[name] != value
+        }
+    )
 
     def shown(value_of: Callable[[NodeAssignment], Any]) -> Any:
         """The value the plan shows: the stand-in's, unless the rendezvous decides it."""
         value = value_of(node)
         return value if value_of(other) == value else DECIDED_AT_RENDEZVOUS
 
-    placement = {key: shown(attrgetter(key))
-                 for key in ("run_id", "node_rank", "world_size", "master_addr", "master_port")}
-    workers = [{"local_rank": local_rank,
-                "rank": shown(methodcaller("global_rank", local_rank)),
-                "argv": config.command.argv(local_rank),
-                "env": {name: DECIDED_AT_RENDEZVOUS if name in undecided_variables else shown_value(name, value)
-                        for name, value in env.items()}}
-               for local_rank, env in enumerate(envs)]
+    placement = {
+        key: shown(attrgetter(key)) for key in ("run_id", "node_rank", "world_size", "master_addr", "master_port")
+    }
+    workers = [
+        {
+            "local_rank": local_rank,
+            "rank": shown(methodcaller("global_rank", local_rank)),
+            "argv": config.command.argv(local_rank),
+            "env": {
+                name: DECIDED_AT_RENDEZVOUS if name in undecided_variables else shown_value(name, value)
+                for name, value in env.items()
+            },
+        }
+        for local_rank, env in enumerate(envs)
+    ]
     return {
         "run_id": placement["run_id"],
         "device": device.device,
@@ -257,7 +321,7 @@ def dry_run_document(config: LaunchConfig, planned: NodePlan, device: DevicePlan
         "follows_torchrun": ".".join(map(str, config.torchrun)),
         "rdzv_endpoint": planned.endpoint,
         "decided_at_rendezvous": [key for key, value in placement.items() if value == DECIDED_AT_RENDEZVOUS]
-                                 + undecided_variables,
+        + undecided_variables,
         "notices": list(notices),
         "assumed": [*device.assumed, *planned.assumed],
         "env_bytes": max(environment_bytes(env) for env in envs),

@@ -25,8 +25,14 @@ if TYPE_CHECKING:
 
 TORCH_XLA_RUNTIMES = ("pjrt", "xrt")
 
-PASSED_THROUGH = ("KUBEFLOW_TRAINER_STATUS_URL", "KUBEFLOW_TRAINER_STATUS_CA_CERT", "KUBEFLOW_TRAINER_STATUS_TOKEN",
-                  "TRACEPARENT", "TRACESTATE", "BAGGAGE")
+PASSED_THROUGH = (
+    "KUBEFLOW_TRAINER_STATUS_URL",
+    "KUBEFLOW_TRAINER_STATUS_CA_CERT",
+    "KUBEFLOW_TRAINER_STATUS_TOKEN",
+    "TRACEPARENT",
+    "TRACESTATE",
+    "BAGGAGE",
+)
 """Variables other systems give the training script, which reach every worker unchanged under every
 cluster: xlarun sets none of them, and the workers inherit them as the launcher got them.
 
@@ -51,8 +57,9 @@ def omp_threads_default(nproc_per_node: int, environ: Mapping[str, str]) -> str 
     return None
 
 
-def contract_env(node: NodeAssignment, local_rank: int, *, config: LaunchConfig,
-                 environ: Mapping[str, str], error_file: str) -> dict[str, str]:
+def contract_env(
+    node: NodeAssignment, local_rank: int, *, config: LaunchConfig, environ: Mapping[str, str], error_file: str
+) -> dict[str, str]:
     """Every variable the launcher sets or changes for one worker under torchrun's contract.
 
     ``environ`` is the launcher's own environment; the worker inherits it, and this
@@ -111,13 +118,21 @@ def check_virtual_local_rank(device: DevicePlan, node: NodeAssignment) -> None:
     """
     reader = local_rank_reader(device.device) if node.local_world_size > 1 else None
     if reader is not None:
-        raise PlanError(f"{flag('virtual_local_rank')} gives each of the {node.local_world_size} workers "
-                        f"LOCAL_RANK=0, but on {device.device} {reader}, so they would all take the same device: "
-                        f"drop {flag('virtual_local_rank')}")
+        raise PlanError(
+            f"{flag('virtual_local_rank')} gives each of the {node.local_world_size} workers "
+            f"LOCAL_RANK=0, but on {device.device} {reader}, so they would all take the same device: "
+            f"drop {flag('virtual_local_rank')}"
+        )
 
 
-def worker_variables(config: LaunchConfig, node: NodeAssignment, local_rank: int, device: DevicePlan,
-                     environ: Mapping[str, str], error_file: str) -> dict[str, str]:
+def worker_variables(
+    config: LaunchConfig,
+    node: NodeAssignment,
+    local_rank: int,
+    device: DevicePlan,
+    environ: Mapping[str, str],
+    error_file: str,
+) -> dict[str, str]:
     """Every variable xlarun sets or changes for one worker (the rest is inherited).
 
     A ``--virtual-local-rank`` the device cannot run was refused while the launch was prepared
@@ -126,8 +141,12 @@ def worker_variables(config: LaunchConfig, node: NodeAssignment, local_rank: int
     variables = contract_env(node, local_rank, config=config, environ=environ, error_file=error_file)
     variables.update(device.variables(node, local_rank))
     variables.update(hook_variables(stacks_file(os.path.dirname(error_file)), environ))
-    if (config.hang_timeout is not None and device.torch_xla_version is not None
-            and device.runtime in TORCH_XLA_RUNTIMES and STEP_LOG_VARIABLE not in environ):
+    if (
+        config.hang_timeout is not None
+        and device.torch_xla_version is not None
+        and device.runtime in TORCH_XLA_RUNTIMES
+        and STEP_LOG_VARIABLE not in environ
+    ):
         # torch_xla's step log is progress the hang watch sees without a change to the script.
         variables[STEP_LOG_VARIABLE] = "1"
     return variables

@@ -45,14 +45,22 @@ LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
 """The packages that carry libtpu (``torch_xla[tpu]`` installs ``libtpu``); a ``+libtpu`` build of
 torch_xla bundles its own."""
 
+
 def supported_releases_text() -> str:
     """The supported releases in words, for refusals."""
-    return (f"{_version_text(SUPPORTED[0])} to {_version_text(SUPPORTED[-1])} under PJRT, "
-            f"or {_version_text((FIRST_WITHOUT_XRT[0], FIRST_WITHOUT_XRT[1] - 1))} and older under XRT")
+    return (
+        f"{_version_text(SUPPORTED[0])} to {_version_text(SUPPORTED[-1])} under PJRT, "
+        f"or {_version_text((FIRST_WITHOUT_XRT[0], FIRST_WITHOUT_XRT[1] - 1))} and older under XRT"
+    )
 
 
-def resolve_runtime(requested: str, torch_xla_version: str | None, device: str = "cpu", spmd: bool = False,
-                    version_of: VersionLookup = installed_version) -> str:
+def resolve_runtime(
+    requested: str,
+    torch_xla_version: str | None,
+    device: str = "cpu",
+    spmd: bool = False,
+    version_of: VersionLookup = installed_version,
+) -> str:
     """Turn the requested runtime into one of :data:`RUNTIMES` but ``auto``.
 
     ``auto`` is XRT only for a torch_xla older than 2.1 (2.1 deleted XRT). With no torch_xla
@@ -63,8 +71,14 @@ def resolve_runtime(requested: str, torch_xla_version: str | None, device: str =
     if requested != "auto":
         return requested
     if torch_xla_version is None and not spmd:
-        return next((runtime for runtime, native_device in NATIVE_RUNTIMES.items()
-                     if native_device == device and version_of(NATIVE_DISTRIBUTIONS[runtime]) is not None), "pjrt")
+        return next(
+            (
+                runtime
+                for runtime, native_device in NATIVE_RUNTIMES.items()
+                if native_device == device and version_of(NATIVE_DISTRIBUTIONS[runtime]) is not None
+            ),
+            "pjrt",
+        )
     if torch_xla_version is not None and major_minor(torch_xla_version) < FIRST_WITHOUT_XRT:
         return "xrt"
     return "pjrt"
@@ -126,9 +140,16 @@ def satisfies(version: str, specifier: str) -> bool:
         wanted = _release(target)
         width = max(len(release), len(wanted))
         have, want = release + (0,) * (width - len(release)), wanted + (0,) * (width - len(wanted))
-        meets = {"==": have == want, "===": have == want, "!=": have != want, "<=": have <= want,
-                 ">=": have >= want, "<": have < want, ">": have > want,
-                 "~=": have >= want and release[: len(wanted) - 1] == wanted[:-1]}[operator]
+        meets = {
+            "==": have == want,
+            "===": have == want,
+            "!=": have != want,
+            "<=": have <= want,
+            ">=": have >= want,
+            "<": have < want,
+            ">": have > want,
+            "~=": have >= want and release[: len(wanted) - 1] == wanted[:-1],
+        }[operator]
         if not meets:
             return False
     return True
@@ -151,14 +172,20 @@ def require_torch(package: str, wanted: str, pairs: Callable[[str], bool], versi
     if torch_version is None:
         raise PlanError(f"{package} needs {wanted}, which is not installed in this Python")
     if not pairs(torch_version):
-        raise PlanError(f"{package} needs {wanted}, but torch {torch_version} is installed: "
-                        "install matching releases")
+        raise PlanError(f"{package} needs {wanted}, but torch {torch_version} is installed: install matching releases")
 
 
-def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices: int | None = None,
-              tpu_library_path: str | None = None, tpu_generation: int | None = None,
-              version_of: VersionLookup = installed_version,
-              torch_requirement_of: TorchRequirementLookup = installed_torch_requirement) -> None:
+def preflight(
+    device: str,
+    runtime: str,
+    *,
+    spmd: bool = False,
+    virtual_devices: int | None = None,
+    tpu_library_path: str | None = None,
+    tpu_generation: int | None = None,
+    version_of: VersionLookup = installed_version,
+    torch_requirement_of: TorchRequirementLookup = installed_torch_requirement,
+) -> None:
     """Refuse, before anything starts, a plan the installed packages cannot run.
 
     ``device`` and ``runtime`` are already resolved, and :class:`xlarun.runtimes.XlaOptions`
@@ -173,46 +200,72 @@ def preflight(device: str, runtime: str, *, spmd: bool = False, virtual_devices:
     torch_xla_version = version_of("torch_xla")
     if torch_xla_version is None:
         if needs_torch_xla(device, spmd, virtual_devices) or runtime == "xrt":
-            raise PlanError(f"device {device}{' under SPMD' if spmd else ''} needs torch_xla, "
-                             "which is not installed in this Python")
+            raise PlanError(
+                f"device {device}{' under SPMD' if spmd else ''} needs torch_xla, which is not installed in this Python"
+            )
         return
     xla = major_minor(torch_xla_version)
 
-    require_torch(f"torch_xla {torch_xla_version}", f"torch {_version_text(xla)}.x",
-                  lambda torch_version: major_minor(torch_version) == xla, version_of)
+    require_torch(
+        f"torch_xla {torch_xla_version}",
+        f"torch {_version_text(xla)}.x",
+        lambda torch_version: major_minor(torch_version) == xla,
+        version_of,
+    )
 
     if xla > SUPPORTED[-1] and needs_torch_xla(device, spmd, virtual_devices):
-        raise PlanError(f"torch_xla {torch_xla_version} is newer than the releases xlarun's device settings "
-                        f"are checked against ({supported_releases_text()}): install one of those")
+        raise PlanError(
+            f"torch_xla {torch_xla_version} is newer than the releases xlarun's device settings "
+            f"are checked against ({supported_releases_text()}): install one of those"
+        )
     if runtime == "xrt" and xla >= FIRST_WITHOUT_XRT:
-        raise PlanError(f"the XRT runtime needs torch_xla 2.0 or older (2.1 removed XRT), "
-                        f"but torch_xla {torch_xla_version} is installed: use the PJRT runtime")
+        raise PlanError(
+            f"the XRT runtime needs torch_xla 2.0 or older (2.1 removed XRT), "
+            f"but torch_xla {torch_xla_version} is installed: use the PJRT runtime"
+        )
     if device == "cuda":
         if xla >= FIRST_WITHOUT_CUDA:
-            raise PlanError(f"device cuda needs torch_xla 2.2 to 2.8: torch_xla {torch_xla_version} "
-                             "has no CUDA support (removed in 2.9)")
+            raise PlanError(
+                f"device cuda needs torch_xla 2.2 to 2.8: torch_xla {torch_xla_version} "
+                "has no CUDA support (removed in 2.9)"
+            )
         if runtime == "pjrt" and xla < FIRST_WITH_CUDA_NAME:
-            raise PlanError(f"device cuda under PJRT needs torch_xla 2.2 to 2.8, but torch_xla "
-                            f"{torch_xla_version} is installed: upgrade, or use the XRT runtime with 2.0 or older")
-    if (device == "tpu" and runtime == "pjrt" and not tpu_library_path and "libtpu" not in torch_xla_version
-            and all(version_of(name) is None for name in LIBTPU_DISTRIBUTIONS)):
-        raise PlanError(f"device tpu needs libtpu, which is not installed in this Python: "
-                        f"pip install 'torch_xla[tpu]=={torch_xla_version}', or set TPU_LIBRARY_PATH")
+            raise PlanError(
+                f"device cuda under PJRT needs torch_xla 2.2 to 2.8, but torch_xla "
+                f"{torch_xla_version} is installed: upgrade, or use the XRT runtime with 2.0 or older"
+            )
+    if (
+        device == "tpu"
+        and runtime == "pjrt"
+        and not tpu_library_path
+        and "libtpu" not in torch_xla_version
+        and all(version_of(name) is None for name in LIBTPU_DISTRIBUTIONS)
+    ):
+        raise PlanError(
+            f"device tpu needs libtpu, which is not installed in this Python: "
+            f"pip install 'torch_xla[tpu]=={torch_xla_version}', or set TPU_LIBRARY_PATH"
+        )
     if device == "xpu" and xla < XPU_FIRST_RELEASE:
-        raise PlanError(f"device xpu needs torch_xla {_version_text(XPU_FIRST_RELEASE)} or newer (its PJRT plugin "
-                        f"came in that release), but torch_xla {torch_xla_version} is installed")
+        raise PlanError(
+            f"device xpu needs torch_xla {_version_text(XPU_FIRST_RELEASE)} or newer (its PJRT plugin "
+            f"came in that release), but torch_xla {torch_xla_version} is installed"
+        )
     generation = TPU_GENERATION_FIRST_RELEASE.get(tpu_generation or 0)
     if device == "tpu" and generation is not None and xla < generation[1]:
         name, first = generation
-        raise PlanError(f"{name} chips need torch_xla {_version_text(first)} or newer (older releases cannot read "
-                        f"their accelerator type), but torch_xla {torch_xla_version} is installed")
+        raise PlanError(
+            f"{name} chips need torch_xla {_version_text(first)} or newer (older releases cannot read "
+            f"their accelerator type), but torch_xla {torch_xla_version} is installed"
+        )
     if device == "neuron" and version_of("libneuronxla") is None:
-        raise PlanError("device neuron needs the AWS Neuron SDK's libneuronxla package, "
-                         "which is not installed in this Python")
+        raise PlanError(
+            "device neuron needs the AWS Neuron SDK's libneuronxla package, which is not installed in this Python"
+        )
 
 
-def preflight_native(runtime: str, tpu_library_path: str | None, version_of: VersionLookup,
-                     torch_requirement_of: TorchRequirementLookup) -> None:
+def preflight_native(
+    runtime: str, tpu_library_path: str | None, version_of: VersionLookup, torch_requirement_of: TorchRequirementLookup
+) -> None:
     """Refuse a native runtime (:data:`NATIVE_DISTRIBUTIONS`) whose package is missing, pairs with another
     torch, or is mixed with torch_xla.
 
@@ -228,16 +281,24 @@ def preflight_native(runtime: str, tpu_library_path: str | None, version_of: Ver
         raise PlanError(f"the {runtime} runtime needs {distribution}, which is not installed in this Python")
     requirement = torch_requirement_of(distribution)
     if requirement is not None:
-        require_torch(f"{distribution} {version}", f"torch{requirement} (its requirement)",
-                      lambda torch_version: satisfies(torch_version, requirement), version_of)
+        require_torch(
+            f"{distribution} {version}",
+            f"torch{requirement} (its requirement)",
+            lambda torch_version: satisfies(torch_version, requirement),
+            version_of,
+        )
     torch_xla_version = version_of("torch_xla")
     if runtime == "torchneuron" and torch_xla_version is not None:
-        raise PlanError(f"torch-neuronx {version} beside torch_xla {torch_xla_version} is AWS's PyTorch/XLA "
-                        "library, not the native TorchNeuron, and the two must not be mixed: use the pjrt "
-                        "runtime, or install TorchNeuron where torch_xla is not")
+        raise PlanError(
+            f"torch-neuronx {version} beside torch_xla {torch_xla_version} is AWS's PyTorch/XLA "
+            "library, not the native TorchNeuron, and the two must not be mixed: use the pjrt "
+            "runtime, or install TorchNeuron where torch_xla is not"
+        )
     if runtime == "torchtpu" and tpu_library_path and not os.path.isfile(tpu_library_path):
-        raise PlanError(f"TPU_LIBRARY_PATH={tpu_library_path} is not a file: torch_tpu loads libtpu from it at "
-                        "import torch and aborts every worker where it cannot; unset it or name libtpu.so")
+        raise PlanError(
+            f"TPU_LIBRARY_PATH={tpu_library_path} is not a file: torch_tpu loads libtpu from it at "
+            "import torch and aborts every worker where it cannot; unset it or name libtpu.so"
+        )
 
 
 NEWEST_TORCHRUN: Release = (2, 15)

@@ -172,8 +172,13 @@ def run_node(plan: HostPlan, go: dict[str, Any], watch: Watch) -> int:
     """Run this host's xlarun as a node until it ends, stopping it when the launcher says or is gone."""
     private = tempfile.mkdtemp(prefix="xlarun-agent-")
     summary_path = os.path.join(private, SUMMARY_NAME)
-    argv = [sys.executable, "-m", "xlarun", f"--summary-file={summary_path}",
-            *plan.node_argv(go["master_addr"], go.get("master_port"))]
+    argv = [
+        sys.executable,
+        "-m",
+        "xlarun",
+        f"--summary-file={summary_path}",
+        *plan.node_argv(go["master_addr"], go.get("master_port")),
+    ]
     # The report names the host as the user named it, as the console's prefixes do.
     env = {**os.environ, **plan.env, REPORT_HOST_VARIABLE: plan.host}
     node = subprocess.Popen(argv, stdin=subprocess.DEVNULL, env=env)

@@ -44,16 +44,19 @@ def check_host(plan: HostPlan, environ: Mapping[str, str] | None = None) -> str 
     are laid over it, as the node's launcher gets them.
     """
     if plan.version != __version__:
-        return (f"xlarun {__version__} is installed here, the launcher runs {plan.version or 'an unknown release'}: "
-                f"install the same release on every host (or pass {flag('remote_python')} for a Python that has it)")
+        return (
+            f"xlarun {__version__} is installed here, the launcher runs {plan.version or 'an unknown release'}: "
+            f"install the same release on every host (or pass {flag('remote_python')} for a Python that has it)"
+        )
     if not os.path.isdir(plan.cwd):
         return f"working directory {plan.cwd} not found: pass {flag('remote_cwd')} DIR, a directory every host has"
     environ = {**(os.environ if environ is None else environ), **plan.env}
     command = host_command(plan)
     if command is None:
         return "the plan names no command after '--'"
-    problem = (module_problem(command.script, plan.cwd, environ) if command.module
-               else program_problem(command, plan.cwd))
+    problem = (
+        module_problem(command.script, plan.cwd, environ) if command.module else program_problem(command, plan.cwd)
+    )
     if problem is not None:
         relative = not (command.module or command.no_python or os.path.isabs(command.script))
         return f"{problem} in {plan.cwd}" if relative else problem
@@ -68,8 +71,12 @@ def host_command(plan: HostPlan) -> WorkerCommand | None:
     if "--" not in plan.argv or plan.argv.index("--") + 1 >= len(plan.argv):
         return None
     start = plan.argv.index("--") + 1
-    return WorkerCommand(script=plan.argv[start], args=plan.argv[start + 1:], module=plan.program == "module",
-                         no_python=plan.program == "program")
+    return WorkerCommand(
+        script=plan.argv[start],
+        args=plan.argv[start + 1 :],
+        module=plan.program == "module",
+        no_python=plan.program == "program",
+    )
 
 
 def busy_device_problem(requested: str, environ: Mapping[str, str]) -> str | None:

@@ -144,7 +144,9 @@ class Host:
         if self.refused is not None:
             return self.refused
         said = self.stderr_tail[-1] if self.stderr_tail else ""
-        if self.ready is None and (self.exit_status == 127 or said.endswith(("not found", "No such file or directory"))):
+        if self.ready is None and (
+            self.exit_status == 127 or said.endswith(("not found", "No such file or directory"))
+        ):
             return f"{self.remote_python} not found; pass {flag('remote_python')}"
         if self.ready is None and said:
             return said
@@ -154,9 +156,17 @@ class Host:
 class FanOut:
     """The loop over every host's transport; :meth:`run` returns the job's exit code."""
 
-    def __init__(self, plans: Sequence[HostPlan], argvs: Sequence[list[str]], remote_python: str, *,
-                 master_addr: str | None = None, reached_addresses: bool = True, summary_file: str | None = None,
-                 stop_signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM)):
+    def __init__(
+        self,
+        plans: Sequence[HostPlan],
+        argvs: Sequence[list[str]],
+        remote_python: str,
+        *,
+        master_addr: str | None = None,
+        reached_addresses: bool = True,
+        summary_file: str | None = None,
+        stop_signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+    ):
         """``master_addr``: the user's ``--master-addr``; without it node 0 is found where ssh reached the
         first host (its ``ready``; ``reached_addresses`` False for another transport, whose agents may inherit
         an unrelated ``SSH_CONNECTION``), else by the first host's name."""
@@ -208,8 +218,9 @@ class FanOut:
         try:
             # A session of its own: a Ctrl-C on the launcher's terminal reaches the launcher only, which then
             # stops every host in order, rather than killing the ssh clients (every host lost at once).
-            host.process = subprocess.Popen(host.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                            stderr=subprocess.PIPE, start_new_session=True)
+            host.process = subprocess.Popen(
+                host.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+            )
         except OSError as error:
             host.refused = f"cannot start {host.argv[0]}: {error.strerror}"
             host.exit_status, host.open_streams = 127, 0
@@ -399,24 +410,41 @@ class FanOut:
             cause = host.root_cause
             if cause is not None and "rank" in cause:
                 what = f"rank {cause['rank']} (exit status {cause.get('exit_status')})"
-                return {"host": cause.get("host"), "node_rank": cause.get("node_rank"), "rank": cause["rank"],
-                        "what": what}
+                return {
+                    "host": cause.get("host"),
+                    "node_rank": cause.get("node_rank"),
+                    "rank": cause["rank"],
+                    "what": what,
+                }
         return None
 
     def write_summary(self, code: int, root: dict[str, Any] | None) -> None:
         if not self.summary_file:
             return
-        result = ("signaled" if self.signal_code is not None else "host_failed" if self.failed
-                  else "succeeded" if code == 0 else "failed")
+        result = (
+            "signaled"
+            if self.signal_code is not None
+            else "host_failed"
+            if self.failed
+            else "succeeded"
+            if code == 0
+            else "failed"
+        )
         record = {
             "result": result,
             "exit_code": code,
             "root_cause": None if root is None else {key: root[key] for key in ("host", "node_rank", "rank")},
-            "hosts": [{"host": host.plan.host, "node_rank": host.plan.node_rank,
-                       "transport_exit_status": host.exit_status,
-                       "node_exit_code": None if host.end is None else host.end.get("exit_code"),
-                       "lost": host.end is None,
-                       "summary": None if host.end is None else host.end.get("summary")} for host in self.hosts],
+            "hosts": [
+                {
+                    "host": host.plan.host,
+                    "node_rank": host.plan.node_rank,
+                    "transport_exit_status": host.exit_status,
+                    "node_exit_code": None if host.end is None else host.end.get("exit_code"),
+                    "lost": host.end is None,
+                    "summary": None if host.end is None else host.end.get("summary"),
+                }
+                for host in self.hosts
+            ],
         }
         directory = os.path.dirname(os.path.abspath(self.summary_file))
         os.makedirs(directory, exist_ok=True)
@@ -435,5 +463,5 @@ def host_line(host: str, line: bytes) -> bytes:
     as the fan-out's do (``xlarun: host h2: ...``), since every host says the same things; the workers'
     lines carry their host in their prefix already."""
     if line.startswith(LAUNCHER_LINE):
-        return b"%shost %s: %s" % (LAUNCHER_LINE, host.encode(errors="replace"), line[len(LAUNCHER_LINE):])
+        return b"%shost %s: %s" % (LAUNCHER_LINE, host.encode(errors="replace"), line[len(LAUNCHER_LINE) :])
     return line

@@ -46,8 +46,11 @@ def allowed_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The launcher's variables that travel to the hosts: those of :data:`ALLOWED_PREFIXES` and
     :data:`ALLOWED_NAMES`, less :data:`STAYING_NAMES`. No blanket copy: the launcher's ``PATH``, ``HOME``
     or ``CUDA_VISIBLE_DEVICES`` describe the launcher's machine, not the hosts'."""
-    return {name: value for name, value in environ.items()
-            if (name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)) and name not in STAYING_NAMES}
+    return {
+        name: value
+        for name, value in environ.items()
+        if (name in ALLOWED_NAMES or name.startswith(ALLOWED_PREFIXES)) and name not in STAYING_NAMES
+    }
 
 
 def redacted(env: Mapping[str, str]) -> dict[str, str]:
@@ -141,11 +144,25 @@ class HostPlan:
         return {**asdict(self), "env": redacted(self.env)}
 
 
-def plan_hosts(hosts: Sequence[str], node_options: Sequence[str], command: Sequence[str], *, run_id: str,
-               master_port: int | None, cwd: str, env: Mapping[str, str], host_timeout: float, version: str,
-               master_addr: str | None = None, prefix_given: bool = False, streams_given: bool = False,
-               cluster_ranks: bool = False, program: str = "script", device: str = "auto",
-               allow_busy_device: bool = False) -> list[HostPlan]:
+def plan_hosts(
+    hosts: Sequence[str],
+    node_options: Sequence[str],
+    command: Sequence[str],
+    *,
+    run_id: str,
+    master_port: int | None,
+    cwd: str,
+    env: Mapping[str, str],
+    host_timeout: float,
+    version: str,
+    master_addr: str | None = None,
+    prefix_given: bool = False,
+    streams_given: bool = False,
+    cluster_ranks: bool = False,
+    program: str = "script",
+    device: str = "auto",
+    allow_busy_device: bool = False,
+) -> list[HostPlan]:
     """One plan per host, node 0 on the first.
 
     ``node_options`` are the user's options that every node takes unchanged (the fan-out's own
@@ -166,8 +183,23 @@ def plan_hosts(hosts: Sequence[str], node_options: Sequence[str], command: Seque
         else:
             node = [f"{flag('nnodes')}={len(hosts)}", f"{flag('node_rank')}={index}", f"{flag('rdzv_id')}={run_id}"]
         argv = (*node_options, *shown, *node, "--", *command)
-        plans.append(HostPlan(host=host, index=index, node_rank=None if cluster_ranks else index, nnodes=len(hosts),
-                              run_id=run_id, argv=argv, cwd=cwd, env=dict(env), host_timeout=host_timeout,
-                              version=version, master_port=master_port, program=program, device=device, allow_busy_device=allow_busy_device,
-                              master_addr="" if cluster_ranks else master_addr or hosts[0]))
+        plans.append(
+            HostPlan(
+                host=host,
+                index=index,
+                node_rank=None if cluster_ranks else index,
+                nnodes=len(hosts),
+                run_id=run_id,
+                argv=argv,
+                cwd=cwd,
+                env=dict(env),
+                host_timeout=host_timeout,
+                version=version,
+                master_port=master_port,
+                program=program,
+                device=device,
+                allow_busy_device=allow_busy_device,
+                master_addr="" if cluster_ranks else master_addr or hosts[0],
+            )
+        )
     return plans

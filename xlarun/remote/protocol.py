@@ -49,7 +49,7 @@ def read_report(line: bytes) -> AgentReport | None:
     """The report a line of an agent's stdout holds, or None for the node's own output."""
     if not line.startswith(MARKER):
         return None
-    kind, _, body = line[len(MARKER):].decode(errors="replace").strip().partition(" ")
+    kind, _, body = line[len(MARKER) :].decode(errors="replace").strip().partition(" ")
     try:
         data = json.loads(body) if body else {}
     except ValueError:

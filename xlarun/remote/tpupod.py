@@ -52,8 +52,9 @@ def describe_argv(name: str, zone: str | None) -> list[str]:
 
 def pod_rsh_template(name: str, zone: str | None) -> str:
     """The ``--rsh`` template that runs a command on worker ``{index}`` of the pod, without a terminal."""
-    return shlex.join([*TPU_VM, "ssh", name, *zone_words(zone), "--worker={index}", "--quiet", "--command",
-                       "{command}", "--", "-T"])
+    return shlex.join(
+        [*TPU_VM, "ssh", name, *zone_words(zone), "--worker={index}", "--quiet", "--command", "{command}", "--", "-T"]
+    )
 
 
 def pod_hosts(name: str, zone: str | None) -> list[str]:
@@ -61,11 +62,20 @@ def pod_hosts(name: str, zone: str | None) -> list[str]:
     argv = describe_argv(name, zone)
     where = f"{flag('tpu_pod')} {name}"
     try:
-        done = subprocess.run(argv, capture_output=True, text=True, errors="replace", stdin=subprocess.DEVNULL,
-                              timeout=DESCRIBE_TIMEOUT_S, check=False)
+        done = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            errors="replace",
+            stdin=subprocess.DEVNULL,
+            timeout=DESCRIBE_TIMEOUT_S,
+            check=False,
+        )
     except FileNotFoundError:
-        raise UsageError(f"{where}: gcloud is not installed (not on PATH): install the Google Cloud CLI, "
-                         f"or name the VMs with {flag('hosts')}") from None
+        raise UsageError(
+            f"{where}: gcloud is not installed (not on PATH): install the Google Cloud CLI, "
+            f"or name the VMs with {flag('hosts')}"
+        ) from None
     except subprocess.TimeoutExpired:
         raise UsageError(f"{where}: {shlex.join(argv)} did not answer within {DESCRIBE_TIMEOUT_S:.0f} s") from None
     if done.returncode != 0:

@@ -19,8 +19,17 @@ import shlex
 AGENT_FLAG = "--agent-stdin"
 """The hidden flag that makes ``python -m xlarun`` a host's agent, reading its plan on stdin."""
 
-SSH_OPTIONS = ("-T", "-o", "BatchMode=yes", "-o", "ServerAliveInterval=5", "-o", "ServerAliveCountMax=3",
-               "-o", "ConnectTimeout=10")
+SSH_OPTIONS = (
+    "-T",
+    "-o",
+    "BatchMode=yes",
+    "-o",
+    "ServerAliveInterval=5",
+    "-o",
+    "ServerAliveCountMax=3",
+    "-o",
+    "ConnectTimeout=10",
+)
 """No terminal, no prompt, a dead connection noticed within 15 s, an unreachable host within 10 s."""
 
 PLACEHOLDERS = ("{host}", "{index}", "{command}")
@@ -32,8 +41,9 @@ def remote_command(remote_python: str) -> str:
     return shlex.join([remote_python, "-m", "xlarun", AGENT_FLAG])
 
 
-def transport_argv(host: str, index: int, command: str, ssh_config: str | None = None,
-                   rsh_template: str | None = None) -> list[str]:
+def transport_argv(
+    host: str, index: int, command: str, ssh_config: str | None = None, rsh_template: str | None = None
+) -> list[str]:
     """The argv that runs ``command`` on ``host``.
 
     With ``rsh_template`` (``gcloud compute tpus tpu-vm ssh pod --worker={index} --command {command}``,
@@ -41,8 +51,10 @@ def transport_argv(host: str, index: int, command: str, ssh_config: str | None =
     the placeholders replaced within each word, so ``{command}`` stays one argument. Without: ssh.
     """
     if rsh_template is not None:
-        return [word.replace("{host}", host).replace("{index}", str(index)).replace("{command}", command)
-                for word in shlex.split(rsh_template)]
+        return [
+            word.replace("{host}", host).replace("{index}", str(index)).replace("{command}", command)
+            for word in shlex.split(rsh_template)
+        ]
     config = ["-F", ssh_config] if ssh_config else []
     # "--" ends ssh's options: a host named like an option is a host.
     return ["ssh", *SSH_OPTIONS, *config, "--", host, command]

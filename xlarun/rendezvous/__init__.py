@@ -60,8 +60,10 @@ class LostNode:
 
     @property
     def message(self) -> str:
-        return (f"node {self.node_rank} ({self.host}) stopped responding: no heartbeat for {self.silent_for:g} s "
-                "(its launcher is gone, or its host stopped or was cut off)")
+        return (
+            f"node {self.node_rank} ({self.host}) stopped responding: no heartbeat for {self.silent_for:g} s "
+            "(its launcher is gone, or its host stopped or was cut off)"
+        )
 
     @property
     def exit_status(self) -> int:
@@ -129,9 +131,12 @@ class NodeStacks:
         try:
             fields = json.loads(raw)
             # JSON's keys are text; the ranks are numbers again.
-            stacks = cls(node_rank=int(fields["node_rank"]), host=shown(fields["host"]),
-                         positions={int(rank): shown(where) for rank, where in fields["positions"].items()},
-                         stacks_files={int(rank): shown(path, 4096) for rank, path in fields["stacks_files"].items()})
+            stacks = cls(
+                node_rank=int(fields["node_rank"]),
+                host=shown(fields["host"]),
+                positions={int(rank): shown(where) for rank, where in fields["positions"].items()},
+                stacks_files={int(rank): shown(path, 4096) for rank, path in fields["stacks_files"].items()},
+            )
         except (ValueError, TypeError, KeyError, AttributeError) as error:
             raise ValueError(f"not a node's stacks record: {shown(raw)}") from error
         return stacks
@@ -199,8 +204,9 @@ class FixedRendezvous:
     def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
         self._nproc = nproc_per_node
         self._started_ns = self._started_ns or time.time_ns()
-        node = NodeAssignment.single_node(self._run_id, nproc_per_node, self._master_addr, self._master_port,
-                                          restart_count=attempt)
+        node = NodeAssignment.single_node(
+            self._run_id, nproc_per_node, self._master_addr, self._master_port, restart_count=attempt
+        )
         ports = free_ports(nproc_per_node, "0.0.0.0") if self._worker_ports else ()
         return dataclasses.replace(node, worker_ports=ports, job_started_ns=self._started_ns)
 
@@ -226,15 +232,24 @@ class FixedRendezvous:
         return AttemptEnd(succeeded)
 
     def attempt_record(self) -> dict[str, Any]:
-        return {"world_size": self._nproc,
-                "nodes": [{"node_rank": 0, "host": socket.gethostname(), "nproc": self._nproc}]}
+        return {
+            "world_size": self._nproc,
+            "nodes": [{"node_rank": 0, "host": socket.gethostname(), "nproc": self._nproc}],
+        }
 
     def close(self) -> None:
         return None
 
 
-def multi_node_rendezvous(config: LaunchConfig, environ: Mapping[str, str], connector: Connector | None = None,
-                          *, node_hosts: bool = False, place: int | None = None, slices: int = 1) -> Rendezvous:
+def multi_node_rendezvous(
+    config: LaunchConfig,
+    environ: Mapping[str, str],
+    connector: Connector | None = None,
+    *,
+    node_hosts: bool = False,
+    place: int | None = None,
+    slices: int = 1,
+) -> Rendezvous:
     """The rendezvous of one node of a multi-node job, seated by ``config``'s backend.
 
     Nothing is contacted until the first :meth:`~Rendezvous.assign`. ``connector`` opens each
@@ -263,8 +278,11 @@ def multi_node_rendezvous(config: LaunchConfig, environ: Mapping[str, str], conn
 
     connector = connector or tcp_client
     keys, status = JobKeys(config.rdzv_id), StatusLine()
-    seating: Seating = (StaticSeating(config, keys, status) if config.rdzv_backend == "static"
-                        else C10dSeating(config, keys, status, connector))
-    return NodeRendezvous(config, environ, seating, keys, status, connector, node_hosts=node_hosts, place=place,
-                          slices=slices)
-
+    seating: Seating = (
+        StaticSeating(config, keys, status)
+        if config.rdzv_backend == "static"
+        else C10dSeating(config, keys, status, connector)
+    )
+    return NodeRendezvous(
+        config, environ, seating, keys, status, connector, node_hosts=node_hosts, place=place, slices=slices
+    )

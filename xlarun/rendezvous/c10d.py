@@ -93,10 +93,15 @@ def torch_handler(config: LaunchConfig, endpoint: str, store: Client, backend: C
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler
 
-    params = RendezvousParameters(backend="c10d", endpoint=endpoint, run_id=config.rdzv_id,
-                                  min_nodes=config.min_nodes, max_nodes=config.max_nodes,
-                                  local_addr=config.local_addr,
-                                  **{k: v for k, v in config.rdzv_conf.items() if k not in ("token", "is_host")})
+    params = RendezvousParameters(
+        backend="c10d",
+        endpoint=endpoint,
+        run_id=config.rdzv_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **{k: v for k, v in config.rdzv_conf.items() if k not in ("token", "is_host")},
+    )
     # TCPStores, and a handler whose rounds hand one out: torch's stubs know them by another name than the
     # calls they have.
     rounds: Any = store
@@ -111,8 +116,14 @@ class C10dSeating:
     ``create_handler`` makes torch's handler once this node joined the store; a test passes a fake.
     """
 
-    def __init__(self, config: LaunchConfig, keys: JobKeys, status: StatusLine, connector: Connector,
-                 create_handler: HandlerFactory = torch_handler):
+    def __init__(
+        self,
+        config: LaunchConfig,
+        keys: JobKeys,
+        status: StatusLine,
+        connector: Connector,
+        create_handler: HandlerFactory = torch_handler,
+    ):
         # torchrun's c10d handler never reads "timeout" (its static rendezvous does).
         self.timeouts = Timeouts.read(config.rdzv_conf)
         self._config = config
@@ -169,10 +180,18 @@ class C10dSeating:
             except RendezvousError as error:
                 raise self._one_line(error, store, previous, came_after_end) from None
         self._status.clear()
-        return take_seat(info.store, "xlarun/", info.rank, info.world_size, me,
-                         lambda members: lead(self._number_attempt(store), members),
-                         time.monotonic() + self.timeouts.join, self._status, "seating the round's nodes",
-                         "took their seats")
+        return take_seat(
+            info.store,
+            "xlarun/",
+            info.rank,
+            info.world_size,
+            me,
+            lambda members: lead(self._number_attempt(store), members),
+            time.monotonic() + self.timeouts.join,
+            self._status,
+            "seating the round's nodes",
+            "took their seats",
+        )
 
     def _number_attempt(self, store: Client) -> int:
         """As the round's leader: the attempt's number, from the job's count (a round has none of its own)."""
@@ -197,19 +216,27 @@ class C10dSeating:
         if isinstance(error, RendezvousTimeoutError):
             if previous is None:
                 arrived = int(store.add(self._keys("arrived"), 0))
-                return LaunchError(f"{arrived} of {config.min_nodes} nodes joined in {self.timeouts.join:.0f} s "
-                                   f"at {self._where} (run id {run_id!r}): start the missing nodes with the "
-                                   f"same {flag('rdzv_endpoint')} and {flag('rdzv_id')}")
-            return LaunchError(f"fewer than {config.min_nodes} nodes (the minimum of {flag('nnodes')}) came back "
-                               f"within {self.timeouts.join:.0f} s after attempt {previous.attempt}")
+                return LaunchError(
+                    f"{arrived} of {config.min_nodes} nodes joined in {self.timeouts.join:.0f} s "
+                    f"at {self._where} (run id {run_id!r}): start the missing nodes with the "
+                    f"same {flag('rdzv_endpoint')} and {flag('rdzv_id')}"
+                )
+            return LaunchError(
+                f"fewer than {config.min_nodes} nodes (the minimum of {flag('nnodes')}) came back "
+                f"within {self.timeouts.join:.0f} s after attempt {previous.attempt}"
+            )
         if isinstance(error, (RendezvousClosedError, RendezvousGracefulExitError)):
             if came_after_end:
-                return FinishedJob(f"found only a finished job of run id {run_id!r} at {self._where}: it ended "
-                                   "before this node came, and no next launch of it came within the join timeout "
-                                   f"({self.timeouts.join:.0f} s)")
+                return FinishedJob(
+                    f"found only a finished job of run id {run_id!r} at {self._where}: it ended "
+                    "before this node came, and no next launch of it came within the join timeout "
+                    f"({self.timeouts.join:.0f} s)"
+                )
             if previous is None:
-                return JobEnded(f"the job of run id {run_id!r} at {self._where} ended while this node "
-                                "waited for a place in it; nothing to run")
+                return JobEnded(
+                    f"the job of run id {run_id!r} at {self._where} ended while this node "
+                    "waited for a place in it; nothing to run"
+                )
             return LaunchError(f"the rendezvous of run id {run_id!r} at {self._where} is closed: its job has ended")
         if isinstance(error, RendezvousConnectionError):
             # torch's wrapper says only "see inner exception": the inner one says what happened.
@@ -244,8 +271,9 @@ class C10dSeating:
         def tick() -> None:
             while not stop.wait(STATUS_INTERVAL):
                 arrived = int(client.add(self._keys("arrived"), 0))
-                self._status.update(f"waiting for nodes: {arrived} joined, {expected} expected "
-                                    f"({time.monotonic() - started:.0f} s)")
+                self._status.update(
+                    f"waiting for nodes: {arrived} joined, {expected} expected ({time.monotonic() - started:.0f} s)"
+                )
 
         threading.Thread(target=tick, daemon=True).start()
         try:

@@ -152,8 +152,18 @@ class Seating(Protocol):
         """The agent serving the store leaves, after every node of the last attempt left or was lost."""
 
 
-def take_seat(board: Client, prefix: str, rank: int, nnodes: int, me: Member, lead: Lead, deadline: float,
-              status: StatusLine, waiting: str, reached: str) -> Seat:
+def take_seat(
+    board: Client,
+    prefix: str,
+    rank: int,
+    nnodes: int,
+    me: Member,
+    lead: Lead,
+    deadline: float,
+    status: StatusLine,
+    waiting: str,
+    reached: str,
+) -> Seat:
     """Post this node's record under ``prefix`` on ``board`` and wait for its seat (see the module docstring).
 
     A timeout names the node ranks whose records never came (``reached`` words what they
@@ -164,8 +174,10 @@ def take_seat(board: Client, prefix: str, rank: int, nnodes: int, me: Member, le
         board.set(f"{prefix}complete", "1")
 
     def show() -> None:
-        status.update(f"{waiting}: {min(int(board.add(f'{prefix}arrived', 0)), nnodes)}/{nnodes} "
-                      f"({time.monotonic() - started:.0f} s)")
+        status.update(
+            f"{waiting}: {min(int(board.add(f'{prefix}arrived', 0)), nnodes)}/{nnodes} "
+            f"({time.monotonic() - started:.0f} s)"
+        )
 
     started = time.monotonic()
     # Only a terminal gets a status line, and only then is the wait broken up to redraw it.
@@ -182,8 +194,9 @@ def take_seat(board: Client, prefix: str, rank: int, nnodes: int, me: Member, le
     return Seat.decode(board.get(f"{prefix}seat/{rank}"))
 
 
-def seat_attempt(store: Client, keys: JobKeys, attempt: int, members: list[Member], master_addr: str,
-                 master_port: int) -> list[Seat]:
+def seat_attempt(
+    store: Client, keys: JobKeys, attempt: int, members: list[Member], master_addr: str, master_port: int
+) -> list[Seat]:
     """The leader's decision: publish ``attempt``'s roster and give every node its seat, in the
     order of ``members`` (the round's).
 
@@ -211,10 +224,21 @@ def seat_attempt(store: Client, keys: JobKeys, attempt: int, members: list[Membe
     # As torchrun: the workers of the nodes ranked before come first.
     offsets = [0, *itertools.accumulate(m.nproc for m in ranked)]
     world_size = offsets[-1]
-    return [Seat(attempt=attempt, node_rank=node_rank[index], nnodes=len(members),
-                 rank_offset=offsets[node_rank[index]], world_size=world_size, master_addr=master_addr,
-                 master_port=master_port, store_node=store_node, change=change, job_started_ns=started)
-            for index in range(len(members))]
+    return [
+        Seat(
+            attempt=attempt,
+            node_rank=node_rank[index],
+            nnodes=len(members),
+            rank_offset=offsets[node_rank[index]],
+            world_size=world_size,
+            master_addr=master_addr,
+            master_port=master_port,
+            store_node=store_node,
+            change=change,
+            job_started_ns=started,
+        )
+        for index in range(len(members))
+    ]
 
 
 def missing(board: Client, prefix: str, nnodes: int, waited: float, status: StatusLine, reached: str) -> LaunchError:
@@ -223,8 +247,10 @@ def missing(board: Client, prefix: str, nnodes: int, waited: float, status: Stat
     absent = [node for node in range(nnodes) if not board.check([f"{prefix}node/{node}"])]
     if not absent:
         return LaunchError(f"timed out after {waited:.0f} s waiting for node 0 to seat the nodes")
-    return LaunchError(f"{nnodes - len(absent)} of {nnodes} nodes {reached} in {waited:.0f} s; "
-                       f"missing node ranks: {', '.join(map(str, absent))}")
+    return LaunchError(
+        f"{nnodes - len(absent)} of {nnodes} nodes {reached} in {waited:.0f} s; "
+        f"missing node ranks: {', '.join(map(str, absent))}"
+    )
 
 
 @dataclass(frozen=True)
@@ -254,15 +280,27 @@ class NodePlan:
     @classmethod
     def read(cls, value: object) -> NodePlan | None:
         """The plan in a job record, None where it is not one xlarun wrote (anyone may write the store)."""
-        if (not isinstance(value, list) or len(value) != 3
-                or not all(type(n) is int and 1 <= n <= cls.LIMIT for n in value)):
+        if (
+            not isinstance(value, list)
+            or len(value) != 3
+            or not all(type(n) is int and 1 <= n <= cls.LIMIT for n in value)
+        ):
             return None
         plan = cls(*value)
         return plan if plan.min_nodes <= plan.max_nodes else None
 
 
-def check_job(client: Client, serving: bool, run_id: str, token: str, plan: NodePlan, names: tuple[str, str],
-              where: str, deadline: float, status: StatusLine) -> int:
+def check_job(
+    client: Client,
+    serving: bool,
+    run_id: str,
+    token: str,
+    plan: NodePlan,
+    names: tuple[str, str],
+    where: str,
+    deadline: float,
+    status: StatusLine,
+) -> int:
     """Refuse to mix with an agent of another job (run id), one without the job's token, or one that
     plans the job otherwise than the store's host (a usage error: the nodes were given different
     counts). ``names`` words this node and the store's host, e.g. ``("node 2", "node 0")``.
@@ -300,8 +338,7 @@ def check_job(client: Client, serving: bool, run_id: str, token: str, plan: Node
     client.add(JobKeys.REFUSED, 1)
     if same_job:
         raise UsageError(reason)
-    raise LaunchError(f"refused: {reason} (check {flag('rdzv_id')} and {flag('rdzv_conf')} token "
-                      "/ XLARUN_RDZV_TOKEN)")
+    raise LaunchError(f"refused: {reason} (check {flag('rdzv_id')} and {flag('rdzv_conf')} token / XLARUN_RDZV_TOKEN)")
 
 
 def plan_mismatch(mine: NodePlan, theirs: NodePlan | None, names: tuple[str, str]) -> str:
@@ -311,13 +348,17 @@ def plan_mismatch(mine: NodePlan, theirs: NodePlan | None, names: tuple[str, str
     if theirs is None:
         return f"{host} plans the job in a record xlarun did not write"
     theirs_text = theirs.describe().replace(" nodes", "", 1)
-    fix = ("every slice must have the same hosts" if mine.slices > 1 or theirs.slices > 1
-           else f"give every node the same {flag('nnodes')}")
+    fix = (
+        "every slice must have the same hosts"
+        if mine.slices > 1 or theirs.slices > 1
+        else f"give every node the same {flag('nnodes')}"
+    )
     return f"{me} plans {mine.describe()} but {host} plans {theirs_text}: {fix}"
 
 
-def claim_node_rank(client: Client, keys: JobKeys, rank: int, agent: int, patience: float, interval: float,
-                    status: StatusLine) -> None:
+def claim_node_rank(
+    client: Client, keys: JobKeys, rank: int, agent: int, patience: float, interval: float, status: StatusLine
+) -> None:
     """Take static node rank ``rank`` for this agent, or refuse a second agent for a rank in use.
 
     A rank whose agent is gone (left, or declared lost by the monitor) passes to this one:
@@ -338,8 +379,9 @@ def claim_node_rank(client: Client, keys: JobKeys, rank: int, agent: int, patien
         if first_beat is None:
             first_beat = beat
         if beat != first_beat or time.monotonic() >= deadline:
-            raise LaunchError(f"node rank {rank} already joined run {keys.run_id!r}: "
-                              f"give each node its own {flag('node_rank')}")
+            raise LaunchError(
+                f"node rank {rank} already joined run {keys.run_id!r}: give each node its own {flag('node_rank')}"
+            )
         status.update(f"node rank {rank} is held by another agent; waiting to see whether it is gone")
         time.sleep(interval)
     status.clear()
@@ -355,8 +397,9 @@ def current_attempt(client: Client, keys: JobKeys, deadline: float, status: Stat
     if published:
         status.update(f"waiting for attempt {published - 1} to end before joining")
         if not wait_for_key(client, keys.attempt(published - 1, "end"), deadline):
-            raise LaunchError(f"attempt {published - 1} of run {keys.run_id!r} did not end in time for this "
-                              "node to join")
+            raise LaunchError(
+                f"attempt {published - 1} of run {keys.run_id!r} did not end in time for this node to join"
+            )
         status.clear()
     return published
 

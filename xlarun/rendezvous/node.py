@@ -91,9 +91,18 @@ class NodeRendezvous:
     (:class:`~xlarun.rendezvous.joining.NodePlan`).
     """
 
-    def __init__(self, config: LaunchConfig, environ: Mapping[str, str], seating: Seating, keys: JobKeys,
-                 status: StatusLine, connector: Connector, node_hosts: bool = False, place: int | None = None,
-                 slices: int = 1):
+    def __init__(
+        self,
+        config: LaunchConfig,
+        environ: Mapping[str, str],
+        seating: Seating,
+        keys: JobKeys,
+        status: StatusLine,
+        connector: Connector,
+        node_hosts: bool = False,
+        place: int | None = None,
+        slices: int = 1,
+    ):
         self._config = config
         self._slices = slices
         self._node_hosts = node_hosts
@@ -137,11 +146,20 @@ class NodeRendezvous:
                 seat = self._seating.seat(self._store_client(), self._member(nproc_per_node), self._seat, self._lead)
             self._begin(seat)
         hosts = tuple(member.host for member in self._roster.members) if self._node_hosts and self._roster else ()
-        return NodeAssignment(run_id=self._keys.run_id, node_rank=seat.node_rank, nnodes=seat.nnodes,
-                              local_world_size=nproc_per_node, rank_offset=seat.rank_offset,
-                              world_size=seat.world_size, master_addr=seat.master_addr, master_port=seat.master_port,
-                              restart_count=seat.attempt, agent_store=True, hosts=hosts,
-                              job_started_ns=seat.job_started_ns)
+        return NodeAssignment(
+            run_id=self._keys.run_id,
+            node_rank=seat.node_rank,
+            nnodes=seat.nnodes,
+            local_world_size=nproc_per_node,
+            rank_offset=seat.rank_offset,
+            world_size=seat.world_size,
+            master_addr=seat.master_addr,
+            master_port=seat.master_port,
+            restart_count=seat.attempt,
+            agent_store=True,
+            hosts=hosts,
+            job_started_ns=seat.job_started_ns,
+        )
 
     def _member(self, nproc_per_node: int) -> Member:
         return Member(self._agent, self._host, nproc_per_node, self._place)
@@ -178,8 +196,10 @@ class NodeRendezvous:
                 if finished is None or self._store is not None:
                     raise
                 raise finished from None  # no store came after it
-            self._status.update(f"the store at {self._store_host}:{self._store_port} was an earlier launch's; "
-                                "waiting for its host's next one")
+            self._status.update(
+                f"the store at {self._store_host}:{self._store_port} was an earlier launch's; "
+                "waiting for its host's next one"
+            )
             self._forget_store()
 
     def _forget_store(self) -> None:
@@ -196,15 +216,17 @@ class NodeRendezvous:
         host, port = self._config.store_address()
         # One deadline for reaching the store and hearing its job: a store found late leaves less time to check.
         deadline = time.monotonic() + self._timeouts.join
-        store, self._serving = open_job_store(self._connector, host, port, self._seating.store_role(host),
-                                              self._timeouts, self._status)
+        store, self._serving = open_job_store(
+            self._connector, host, port, self._seating.store_role(host), self._timeouts, self._status
+        )
         self._store, self._store_host, self._store_port = store, host, port
         plan = NodePlan(self._config.min_nodes, self._config.max_nodes, self._slices)
         me = f"node {self._config.node_rank}" if self._config.rdzv_backend == "static" else "this node"
         store_node = self._seating.store_host_node
         names = (me, "the store's host" if store_node is None else f"node {store_node}")
-        refusals_seen = check_job(store, self._serving, self._keys.run_id, self._token, plan, names,
-                                  f"{host}:{port}", deadline, self._status)
+        refusals_seen = check_job(
+            store, self._serving, self._keys.run_id, self._token, plan, names, f"{host}:{port}", deadline, self._status
+        )
         # Every connection is made before this agent counts as joined: a slow connect must delay
         # joining, never a heartbeat. Opened side by side: torch's client looks up a name for the
         # store's address on each connection, and a slow resolver then costs one wait, not several.
@@ -215,16 +237,29 @@ class NodeRendezvous:
         self._watch_client = clients["watch"]
         self._agent = int(store.add(self._keys("agents"), 1))
         store.add(self._keys.heartbeat(self._agent), 1)
-        self._beats = Heartbeat(clients["beat"], self._keys.heartbeat(self._agent), self._timeouts.beat_interval,
-                                self._timeouts.call, self._on_store_lost)
+        self._beats = Heartbeat(
+            clients["beat"],
+            self._keys.heartbeat(self._agent),
+            self._timeouts.beat_interval,
+            self._timeouts.call,
+            self._on_store_lost,
+        )
         self._beats.start()
-        self._seating.joined(store, host, port, self._agent,
-                             {role: clients[role] for role in self._seating.connections})
+        self._seating.joined(
+            store, host, port, self._agent, {role: clients[role] for role in self._seating.connections}
+        )
         if self._serving:
             store.set(self._keys("host_agent"), str(self._agent))
-            self._monitor = Monitor(clients["monitor"], self._keys, self._timeouts.heartbeat,
-                                    self._timeouts.beat_interval, self._status, refusals_seen,
-                                    self._seating.nodes_waiting, self._config.max_nodes)
+            self._monitor = Monitor(
+                clients["monitor"],
+                self._keys,
+                self._timeouts.heartbeat,
+                self._timeouts.beat_interval,
+                self._status,
+                refusals_seen,
+                self._seating.nodes_waiting,
+                self._config.max_nodes,
+            )
             self._monitor.start()
 
     def _lead(self, attempt: int, members: list[Member]) -> list[Seat]:
@@ -250,8 +285,9 @@ class NodeRendezvous:
         if self._config.summary_file or self._node_hosts:
             self._roster = read_roster(self._store_client(), self._keys, seat.attempt)
         self._seat = seat
-        self._watch = EndWatch(self._watch_client, self._keys.attempt(seat.attempt, "end"), self._on_news,
-                               self._on_store_lost)
+        self._watch = EndWatch(
+            self._watch_client, self._keys.attempt(seat.attempt, "end"), self._on_news, self._on_store_lost
+        )
 
     # -- during an attempt --------------------------------------------------------------------
 
@@ -303,12 +339,18 @@ class NodeRendezvous:
             write(self._store_client(), seat)
 
     def announce_hang(self, reason: str) -> None:
-        self._tell_the_others(lambda store, seat: announce(
-            store, self._keys, seat.attempt, News(HUNG, f"node {seat.node_rank}: {reason}")))
+        self._tell_the_others(
+            lambda store, seat: announce(
+                store, self._keys, seat.attempt, News(HUNG, f"node {seat.node_rank}: {reason}")
+            )
+        )
 
     def publish_stacks(self, stacks: NodeStacks) -> None:
-        self._tell_the_others(lambda store, seat: store.set(
-            self._keys.attempt(seat.attempt, "stacks", stacks.node_rank), stacks.to_json()))
+        self._tell_the_others(
+            lambda store, seat: store.set(
+                self._keys.attempt(seat.attempt, "stacks", stacks.node_rank), stacks.to_json()
+            )
+        )
 
     def job_stacks(self, own: NodeStacks, wait: float) -> list[NodeStacks]:
         from torch.distributed import DistNetworkError
@@ -334,9 +376,15 @@ class NodeRendezvous:
             first = store.compare_set(key, "", record)
             if first != record.encode() and failure_record(first) is None:
                 store.set(key, record)  # a value xlarun did not write holds no failure's place
-            announce(store, self._keys, seat.attempt,
-                     News("failure", f"rank {failure.rank} on node {failure.node_rank} failed "
-                                     f"(exit code {failure.exit_status})"))
+            announce(
+                store,
+                self._keys,
+                seat.attempt,
+                News(
+                    "failure",
+                    f"rank {failure.rank} on node {failure.node_rank} failed (exit code {failure.exit_status})",
+                ),
+            )
 
         self._tell_the_others(write)
 
@@ -370,8 +418,9 @@ class NodeRendezvous:
                 if int(store.add(self._keys.attempt(seat.attempt, "done"), 1)) >= seat.nnodes:
                     announce(store, self._keys, seat.attempt, News(DONE))
             else:
-                announce(store, self._keys, seat.attempt,
-                         News("stopped", f"the workers of node {seat.node_rank} stopped"))
+                announce(
+                    store, self._keys, seat.attempt, News("stopped", f"the workers of node {seat.node_rank} stopped")
+                )
             wait_for_end(watch, store, self._keys, seat.attempt, seat.nnodes, self._status)
             news = watch.news
             lost = None
@@ -422,8 +471,12 @@ class NodeRendezvous:
         """Say this agent is gone (and, mid-attempt, that the attempt is over); the host waits for the rest."""
         seat = self._seat
         if seat is not None and self._watch is not None and self._watch.news is None:  # the attempt goes on
-            announce(client, self._keys, seat.attempt,
-                     News(LEFT, f"node {seat.node_rank} left the job before its workers finished"))
+            announce(
+                client,
+                self._keys,
+                seat.attempt,
+                News(LEFT, f"node {seat.node_rank} left the job before its workers finished"),
+            )
         client.set(self._keys.heartbeat(self._agent), LEFT_BEAT.decode())
         client.set(self._keys("gone", self._agent), "left")
         if seat is not None:
@@ -434,8 +487,14 @@ class NodeRendezvous:
             if seat is not None:
                 # The monitor keeps watching: a node that went silent never says it left, and is counted once found.
                 monitor = self._monitor
-                wait_until_left(client, self._keys, seat.attempt, seat.nnodes, lambda: monitor.gone_from(seat.attempt),
-                                time.monotonic() + self._timeouts.close)
+                wait_until_left(
+                    client,
+                    self._keys,
+                    seat.attempt,
+                    seat.nnodes,
+                    lambda: monitor.gone_from(seat.attempt),
+                    time.monotonic() + self._timeouts.close,
+                )
             self._monitor.stop()
             self._seating.leave_as_host(client)
 
@@ -458,5 +517,10 @@ def failure_record(raw: bytes) -> FailureRecord | None:
     # A status a process can exit with: its own code, or a signal's.
     if not (integers and texts and numbers and -64 <= record.returncode <= 255):
         return None
-    return dataclasses.replace(record, host=shown(record.host), error_file=shown(record.error_file),
-                               reason=shown(record.reason), traceback=record.traceback[-128 * 1024:])
+    return dataclasses.replace(
+        record,
+        host=shown(record.host),
+        error_file=shown(record.error_file),
+        reason=shown(record.reason),
+        traceback=record.traceback[-128 * 1024 :],
+    )

@@ -48,25 +48,48 @@ class StaticSeating:
         if self._config.node_rank != 0:
             return StoreRole.REACH
         if not is_local_address(host):
-            raise UsageError(f"node 0 serves the store at {flag('master_addr')} {host}, which is not an address "
-                             "of this host: give this host's address")
+            raise UsageError(
+                f"node 0 serves the store at {flag('master_addr')} {host}, which is not an address "
+                "of this host: give this host's address"
+            )
         return StoreRole.SERVE
 
     def joined(self, store: Client, host: str, port: int, agent: int, connections: Mapping[str, Client]) -> None:
         """Take this node's rank (or be refused: another live agent holds it)."""
         self._store_host = host
-        claim_node_rank(store, self._keys, self._config.node_rank, agent, self.timeouts.heartbeat + 5,
-                        self.timeouts.beat_interval, self._status)
+        claim_node_rank(
+            store,
+            self._keys,
+            self._config.node_rank,
+            agent,
+            self.timeouts.heartbeat + 5,
+            self.timeouts.beat_interval,
+            self._status,
+        )
 
     def seat(self, store: Client, me: Member, previous: Seat | None, lead: LeadAttempt) -> Seat:
         """Wait for every node of the attempt after ``previous`` (the job's current one on joining)."""
         deadline = time.monotonic() + self.timeouts.join
-        attempt = (current_attempt(store, self._keys, deadline, self._status) if previous is None
-                   else previous.attempt + 1)
-        waiting, reached = (("waiting for nodes", "joined") if attempt == 0 else
-                            (f"waiting for every node to start attempt {attempt}", f"were ready for attempt {attempt}"))
-        return take_seat(store, self._keys.attempt(attempt) + "/", self._config.node_rank, self._config.max_nodes, me,
-                         lambda members: lead(attempt, members), deadline, self._status, waiting, reached)
+        attempt = (
+            current_attempt(store, self._keys, deadline, self._status) if previous is None else previous.attempt + 1
+        )
+        waiting, reached = (
+            ("waiting for nodes", "joined")
+            if attempt == 0
+            else (f"waiting for every node to start attempt {attempt}", f"were ready for attempt {attempt}")
+        )
+        return take_seat(
+            store,
+            self._keys.attempt(attempt) + "/",
+            self._config.node_rank,
+            self._config.max_nodes,
+            me,
+            lambda members: lead(attempt, members),
+            deadline,
+            self._status,
+            waiting,
+            reached,
+        )
 
     def worker_store_host(self, attempt: int) -> str | None:
         """The first attempt's workers use the job's store (``None``), as torchrun's; later ones a fresh

@@ -60,8 +60,7 @@ def tcp_client(host: str, port: int, timeout: float) -> Client:
     from torch.distributed import TCPStore
 
     # torch's type stubs leave out the multi-key calls its store has.
-    return cast(Client, TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout),
-                                 wait_for_workers=False))
+    return cast(Client, TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout), wait_for_workers=False))
 
 
 def serve_store(host: str, port: int, timeout: float) -> tuple[Any, int]:
@@ -89,8 +88,16 @@ def serve_store(host: str, port: int, timeout: float) -> tuple[Any, int]:
         raise
     bound_port = server.getsockname()[1]
     try:
-        store = TCPStore(host, bound_port, None, True, datetime.timedelta(seconds=timeout), wait_for_workers=False,
-                         multi_tenant=True, master_listen_fd=server.fileno())
+        store = TCPStore(
+            host,
+            bound_port,
+            None,
+            True,
+            datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
+            multi_tenant=True,
+            master_listen_fd=server.fileno(),
+        )
     except DistNetworkError as error:
         raise LaunchError(f"cannot serve a store on {host}:{bound_port}: {first_line(error)}") from None
     server.detach()
@@ -136,10 +143,12 @@ class Timeouts:
     @classmethod
     def read(cls, conf: Mapping[str, str], join_default: float | None = None) -> Timeouts:
         """``join_default``, where given, is the backend's: torchrun's static rendezvous reads ``timeout`` for it."""
-        return cls(join=conf_seconds(conf, "join_timeout", join_default),
-                   heartbeat=conf_seconds(conf, "heartbeat_timeout"),
-                   close=conf_seconds(conf, "close_timeout"),
-                   call=conf_seconds(conf, "read_timeout"))
+        return cls(
+            join=conf_seconds(conf, "join_timeout", join_default),
+            heartbeat=conf_seconds(conf, "heartbeat_timeout"),
+            close=conf_seconds(conf, "close_timeout"),
+            call=conf_seconds(conf, "read_timeout"),
+        )
 
     @property
     def beat_interval(self) -> float:
@@ -229,8 +238,9 @@ def is_timeout(error: BaseException) -> bool:
     return isinstance(error, DistStoreError)
 
 
-def wait_for_key(client: Client, key: str | list[str], deadline: float | None,
-                 status: Callable[[], None] | None = None) -> bool:
+def wait_for_key(
+    client: Client, key: str | list[str], deadline: float | None, status: Callable[[], None] | None = None
+) -> bool:
     """Block until ``key`` exists (every one, for a list); False at ``deadline`` (monotonic seconds;
     ``None``: no deadline).
 
@@ -252,8 +262,9 @@ def wait_for_key(client: Client, key: str | list[str], deadline: float | None,
                 raise
 
 
-def connect_client(connector: Connector, host: str, port: int, timeout: float, call_timeout: float,
-                   status: StatusLine) -> Client:
+def connect_client(
+    connector: Connector, host: str, port: int, timeout: float, call_timeout: float, status: StatusLine
+) -> Client:
     """Reach the store at ``host:port``, retrying until ``timeout`` seconds have passed (its host may start later).
 
     Each try first asks whether the port takes connections at all, with a plain TCP connect
@@ -276,9 +287,11 @@ def connect_client(connector: Connector, host: str, port: int, timeout: float, c
             waited = time.monotonic() - started
             if waited >= timeout:
                 reason = error.strerror if isinstance(error, OSError) and error.strerror else first_line(error)
-                raise LaunchError(f"cannot reach the rendezvous store at {host}:{port} after {waited:.0f} s "
-                                  f"({reason}): is node 0's agent running, and is the address "
-                                  "reachable from this node?") from None
+                raise LaunchError(
+                    f"cannot reach the rendezvous store at {host}:{port} after {waited:.0f} s "
+                    f"({reason}): is node 0's agent running, and is the address "
+                    "reachable from this node?"
+                ) from None
             status.update(f"reaching the rendezvous store at {host}:{port} ({waited:.0f} s)")
             time.sleep(max(min(STATUS_INTERVAL, deadline - time.monotonic()), 0.0))
 
@@ -292,8 +305,9 @@ def lost_store_line(where: str, store_node: int | None, error: BaseException) ->
     return f"lost the rendezvous store at {where} ({first_line(error)}): {host} stopped"
 
 
-def open_job_store(connector: Connector, host: str, port: int, role: StoreRole, timeouts: Timeouts,
-                   status: StatusLine) -> tuple[Client, bool]:
+def open_job_store(
+    connector: Connector, host: str, port: int, role: StoreRole, timeouts: Timeouts, status: StatusLine
+) -> tuple[Client, bool]:
     """Serve or reach the job's store; returns the client and whether this agent serves it.
 
     A port this host cannot bind means another agent here serves the store, so this one
@@ -304,9 +318,11 @@ def open_job_store(connector: Connector, host: str, port: int, role: StoreRole, 
             store, _ = serve_store(host, port, timeouts.join)
         except OSError as error:
             if role is StoreRole.SERVE:
-                raise UsageError(f"cannot serve the rendezvous store on {host}:{port}: {error.strerror}; "
-                                 f"pick a free port ({flag('master_port')} or {flag('rdzv_endpoint')} "
-                                 "host:PORT)") from None
+                raise UsageError(
+                    f"cannot serve the rendezvous store on {host}:{port}: {error.strerror}; "
+                    f"pick a free port ({flag('master_port')} or {flag('rdzv_endpoint')} "
+                    "host:PORT)"
+                ) from None
         else:
             return store, True
     return connect_client(connector, host, port, timeouts.join, timeouts.call, status), False

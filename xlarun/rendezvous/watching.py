@@ -66,8 +66,12 @@ class News:
         return cls(kind, shown(reason, 1000))
 
     def end(self, lost_node: LostNode | None = None) -> AttemptEnd:
-        return AttemptEnd(succeeded=self.kind == DONE, lost=self.reason if self.kind in ("lost", LEFT) else None,
-                          admitting=self.kind == "admit", lost_node=lost_node)
+        return AttemptEnd(
+            succeeded=self.kind == DONE,
+            lost=self.reason if self.kind in ("lost", LEFT) else None,
+            admitting=self.kind == "admit",
+            lost_node=lost_node,
+        )
 
 
 def announce(client: Client, keys: JobKeys, attempt: int, news: News) -> None:
@@ -111,8 +115,15 @@ class Heartbeat:
     for ``limit`` seconds.
     """
 
-    def __init__(self, client: Client, key: str, interval: float, limit: float,
-                 on_lost: Callable[[BaseException], None], watchdog: Watchdog | None = None):
+    def __init__(
+        self,
+        client: Client,
+        key: str,
+        interval: float,
+        limit: float,
+        on_lost: Callable[[BaseException], None],
+        watchdog: Watchdog | None = None,
+    ):
         self.client = client
         self._watchdog = watchdog or WATCHDOG
         self._key = key
@@ -202,8 +213,9 @@ class EndWatch:
     runs in the watching thread; ``on_lost`` hears a store that dropped the connection.
     """
 
-    def __init__(self, client: Client, key: str, on_news: Callable[[News], None],
-                 on_lost: Callable[[BaseException], None]):
+    def __init__(
+        self, client: Client, key: str, on_news: Callable[[News], None], on_lost: Callable[[BaseException], None]
+    ):
         self._client = client
         self._key = key
         self._on_news = on_news
@@ -260,9 +272,17 @@ class Monitor:
     checked: a value xlarun did not write is named once and the watch goes on.
     """
 
-    def __init__(self, client: Client, keys: JobKeys, heartbeat_timeout: float, interval: float,
-                 status: StatusLine, refusals_seen: int,
-                 nodes_waiting: Callable[[], int] | None = None, max_nodes: int = 0):
+    def __init__(
+        self,
+        client: Client,
+        keys: JobKeys,
+        heartbeat_timeout: float,
+        interval: float,
+        status: StatusLine,
+        refusals_seen: int,
+        nodes_waiting: Callable[[], int] | None = None,
+        max_nodes: int = 0,
+    ):
         self._client = client
         self._keys = keys
         self._timeout = heartbeat_timeout
@@ -371,8 +391,12 @@ class Monitor:
             return
         waiting = self._nodes_waiting()
         if waiting:
-            announce(self._client, self._keys, self._attempt,
-                     News("admit", f"{waiting} node{'s' if waiting > 1 else ''} waiting to join"))
+            announce(
+                self._client,
+                self._keys,
+                self._attempt,
+                News("admit", f"{waiting} node{'s' if waiting > 1 else ''} waiting to join"),
+            )
 
     def _report_refusals(self) -> None:
         """The job's side of a refusal: one line per agent turned away (of another job, or planning it otherwise),
@@ -390,8 +414,7 @@ class Monitor:
         return sum(member.agent in self.gone for member in self._roster.members)
 
 
-def wait_for_end(watch: EndWatch, client: Client, keys: JobKeys, attempt: int, nnodes: int,
-                 status: StatusLine) -> None:
+def wait_for_end(watch: EndWatch, client: Client, keys: JobKeys, attempt: int, nnodes: int, status: StatusLine) -> None:
     """Wait for the attempt's end after this node's workers are gone, for as long as the others run.
 
     No deadline: nodes may finish hours apart. On a terminal the status line counts the nodes done.
@@ -403,8 +426,9 @@ def wait_for_end(watch: EndWatch, client: Client, keys: JobKeys, attempt: int, n
     status.clear()
 
 
-def wait_until_left(client: Client, keys: JobKeys, attempt: int, nnodes: int, gone: Callable[[], int],
-                    deadline: float) -> None:
+def wait_until_left(
+    client: Client, keys: JobKeys, attempt: int, nnodes: int, gone: Callable[[], int], deadline: float
+) -> None:
     """The host keeps the store up until every node of the last attempt has read the outcome and left."""
     key = keys.attempt(attempt, "all_left")
     while time.monotonic() < deadline:

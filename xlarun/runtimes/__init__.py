@@ -122,8 +122,9 @@ class XlaOptions:
         if native_device is not None and self.device != native_device:
             raise PlanError(f"the {self.runtime} runtime runs on device {native_device}, not {self.device}")
         if native_device is not None and self.spmd:
-            raise PlanError(f"SPMD is torch_xla's, and the {self.runtime} runtime has no torch_xla: it runs one "
-                            "process per device")
+            raise PlanError(
+                f"SPMD is torch_xla's, and the {self.runtime} runtime has no torch_xla: it runs one process per device"
+            )
 
     def coordinator_port_for(self, node: NodeAssignment) -> int:
         return coordinator_port(node.master_port, self.coordinator_port)
@@ -167,8 +168,7 @@ def local_rank_reader(device: str) -> str | None:
     return _LOCAL_RANK_READERS.get(device)
 
 
-def apply_user_precedence(planned: dict[str, str],
-                          environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
+def apply_user_precedence(planned: dict[str, str], environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:
     """Let the user's own settings win: drop from ``planned`` every variable ``environ`` has.
 
     Returns the remaining variables and the notices to print: none, or one line
@@ -181,5 +181,6 @@ def apply_user_precedence(planned: dict[str, str],
     remaining = {name: value for name, value in planned.items() if name not in environ}
     if not kept:
         return remaining, []
-    return remaining, [f"keeping your own {', '.join(kept)} from the environment "
-                       "instead of the values xlarun would set"]
+    return remaining, [
+        f"keeping your own {', '.join(kept)} from the environment instead of the values xlarun would set"
+    ]

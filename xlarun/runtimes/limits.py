@@ -25,6 +25,8 @@ def check_variable_size(name: str, value: str, what: str) -> None:
     """Refuse ``name=value`` where Linux would refuse to start a process with it; ``what`` says what it lists."""
     size = variable_bytes(name, value)
     if size > MAX_VARIABLE_BYTES:
-        raise PlanError(f"{name} for {what} would take {size:,} bytes, past Linux's 128 KiB limit on one "
-                        f"environment variable ({MAX_VARIABLE_BYTES:,} bytes, MAX_ARG_STRLEN), so no worker "
-                        "could start: split the job")
+        raise PlanError(
+            f"{name} for {what} would take {size:,} bytes, past Linux's 128 KiB limit on one "
+            f"environment variable ({MAX_VARIABLE_BYTES:,} bytes, MAX_ARG_STRLEN), so no worker "
+            "could start: split the job"
+        )

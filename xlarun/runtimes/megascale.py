@@ -64,8 +64,11 @@ class MegaScale:
 
     def variables(self, master_addr: str) -> dict[str, str]:
         """What every worker of this slice gets; only the slice id differs between slices."""
-        variables = {COORDINATOR: self.coordinator_address(master_addr), NUM_SLICES: str(self.slices),
-                     SLICE_ID: str(self.slice_id)}
+        variables = {
+            COORDINATOR: self.coordinator_address(master_addr),
+            NUM_SLICES: str(self.slices),
+            SLICE_ID: str(self.slice_id),
+        }
         if self.port is not None:
             variables[PORT] = str(self.port)
         return variables
@@ -95,14 +98,18 @@ def read_megascale(environ: Mapping[str, str]) -> MegaScale | None:
     if slices is None or slices <= 1:
         return None
     if environ.get(SKIP_CLIENT):
-        raise PlanError(f"{SKIP_CLIENT} is set, so libtpu would install no MegaScale client and no slice of "
-                        f"the {slices} would report its index (TorchTPU sets it itself after creating its "
-                        f"client): unset it")
+        raise PlanError(
+            f"{SKIP_CLIENT} is set, so libtpu would install no MegaScale client and no slice of "
+            f"the {slices} would report its index (TorchTPU sets it itself after creating its "
+            f"client): unset it"
+        )
     slice_id = _whole_number(environ, SLICE_ID)
     if slice_id is None or slice_id >= slices:
         said = " is unset" if slice_id is None else f"={slice_id} is outside"
-        raise PlanError(f"{SLICE_ID}{said}: it numbers this host's slice among the {NUM_SLICES}={slices} "
-                        f"slices of the job, 0 to {slices - 1}")
+        raise PlanError(
+            f"{SLICE_ID}{said}: it numbers this host's slice among the {NUM_SLICES}={slices} "
+            f"slices of the job, 0 to {slices - 1}"
+        )
     port = _whole_number(environ, PORT)
     if port is not None and not 1 <= port <= 65535:
         raise PlanError(f"{PORT}={port} is not a TCP port (1-65535)")
@@ -112,9 +119,11 @@ def read_megascale(environ: Mapping[str, str]) -> MegaScale | None:
         if coordinator_port is not None and not 1 <= coordinator_port <= 65535:
             raise PlanError(f"{COORDINATOR}={coordinator!r} has port {coordinator_port}, not a TCP port (1-65535)")
         if coordinator_port is None:
-            raise PlanError(f"{COORDINATOR}={coordinator!r} has no port, so each process would append its own "
-                            f"MEGASCALE_PORT and the slices would not agree where the coordinator listens: "
-                            f"give it one, e.g. {host_port(host, DEFAULT_PORT)}")
+            raise PlanError(
+                f"{COORDINATOR}={coordinator!r} has no port, so each process would append its own "
+                f"MEGASCALE_PORT and the slices would not agree where the coordinator listens: "
+                f"give it one, e.g. {host_port(host, DEFAULT_PORT)}"
+            )
     return MegaScale(slices=slices, slice_id=slice_id, coordinator=coordinator, port=port)
 
 

@@ -45,8 +45,10 @@ if TYPE_CHECKING:
 PROCESSES_NUM_DEVICES = "NEURON_PJRT_PROCESSES_NUM_DEVICES"
 
 
-LOCAL_RANK_READER = ("import torch_xla sets PJRT_LOCAL_PROCESS_RANK to LOCAL_RANK and takes the NeuronCore at "
-                     "that place of NEURON_RT_VISIBLE_CORES")
+LOCAL_RANK_READER = (
+    "import torch_xla sets PJRT_LOCAL_PROCESS_RANK to LOCAL_RANK and takes the NeuronCore at "
+    "that place of NEURON_RT_VISIBLE_CORES"
+)
 """Why every worker at ``LOCAL_RANK=0`` (``--virtual-local-rank``) cannot run on one Neuron host
 (``_internal/neuron.py``'s ``configure_pjrt_environment``; narrowing ``NEURON_RT_VISIBLE_CORES``
 to one core does not help, as it must list one core per local process)."""
@@ -72,9 +74,11 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
 def processes_num_devices(cores_per_node: int | None, nnodes: int) -> str:
     """``NEURON_PJRT_PROCESSES_NUM_DEVICES`` for one SPMD process per node, each driving ``cores_per_node``."""
     if not cores_per_node:
-        raise PlanError(f"Neuron under SPMD across nodes needs each node's NeuronCore count for "
-                        f"{PROCESSES_NUM_DEVICES}, and this host shows none: run on the Neuron host, or set "
-                        "NEURON_RT_VISIBLE_CORES to the cores of each node's process")
+        raise PlanError(
+            f"Neuron under SPMD across nodes needs each node's NeuronCore count for "
+            f"{PROCESSES_NUM_DEVICES}, and this host shows none: run on the Neuron host, or set "
+            "NEURON_RT_VISIBLE_CORES to the cores of each node's process"
+        )
     value = ",".join([str(cores_per_node)] * nnodes)
     check_variable_size(PROCESSES_NUM_DEVICES, value, f"{nnodes} nodes")
     return value

@@ -73,22 +73,36 @@ class XlaInitBreak:
     reason: str
 
     def applies(self, release: Release, device: str, spmd: bool, local_processes: int) -> bool:
-        return (self.releases[0] <= release <= self.releases[1]
-                and (self.devices is None or device in self.devices)
-                and (self.local_processes == "any" or local_processes == 1)
-                and (self.spmd is None or self.spmd == spmd))
+        return (
+            self.releases[0] <= release <= self.releases[1]
+            and (self.devices is None or device in self.devices)
+            and (self.local_processes == "any" or local_processes == 1)
+            and (self.spmd is None or self.spmd == spmd)
+        )
 
 
 XLA_INIT_BREAKS: tuple[XlaInitBreak, ...] = (
-    XlaInitBreak(None, ((2, 1), (2, 1)), "any", True,
-                 "its rendezvous returns the device ordinal as the rank even under SPMD"),
-    XlaInitBreak(("neuron",), ((2, 1), (2, 4)), "any", None,
-                 "initialize_env sets NEURON_PJRT_PROCESS_INDEX to the local rank, so each node takes the "
-                 "first node's process indices"),
-    XlaInitBreak(("neuron",), ((2, 4), (2, 6)), "one", None,
-                 "the Neuron plugin has no configure_single_process (NotImplementedError)"),
-    XlaInitBreak(("xpu",), ((2, 4), NEWEST), "one", None,
-                 "the XPU plugin has no configure_single_process (NotImplementedError)"),
+    XlaInitBreak(
+        None, ((2, 1), (2, 1)), "any", True, "its rendezvous returns the device ordinal as the rank even under SPMD"
+    ),
+    XlaInitBreak(
+        ("neuron",),
+        ((2, 1), (2, 4)),
+        "any",
+        None,
+        "initialize_env sets NEURON_PJRT_PROCESS_INDEX to the local rank, so each node takes the "
+        "first node's process indices",
+    ),
+    XlaInitBreak(
+        ("neuron",),
+        ((2, 4), (2, 6)),
+        "one",
+        None,
+        "the Neuron plugin has no configure_single_process (NotImplementedError)",
+    ),
+    XlaInitBreak(
+        ("xpu",), ((2, 4), NEWEST), "one", None, "the XPU plugin has no configure_single_process (NotImplementedError)"
+    ),
 )
 """Where :func:`xlarun.init_process_group` joins with ``env://`` instead of ``xla://``."""
 

@@ -76,10 +76,10 @@ DEFAULT_BASE_PORT = 8070
 
 _V4_V5P = {1: "1,1,1", 2: "1,2,1", 4: "2,2,1", 8: "2,2,2"}
 TOPOLOGY_BY_CHIP: Mapping[str, Mapping[int, str]] = {
-    "0x005e": _V4_V5P,                                   # v4
-    "0x0062": _V4_V5P,                                   # v5p
-    "0x0063": {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},      # v5e (open-source build; Google's internal one: 2,2,2)
-    "0x006f": {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},      # v6e
+    "0x005e": _V4_V5P,  # v4
+    "0x0062": _V4_V5P,  # v5p
+    "0x0063": {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},  # v5e (open-source build; Google's internal one: 2,2,2)
+    "0x006f": {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"},  # v6e
     "0x0076": {2: "1,1,1,2", 4: "1,2,1,2", 8: "2,2,1,2"},  # TPU7x: the 4th field is the devices per chip
 }
 """torch_tpu 0.2.0's single-host topologies, by the chips' PCI device id and the device count
@@ -91,8 +91,14 @@ DEVICES_PER_CHIP: Mapping[str, int] = {"0x0076": 2}
 """Devices a chip exposes where more than one (``hardware.py``'s ``_DEVICES_PER_CHIP``: TPU7x splits its two
 TensorCores into two devices, so a 4-chip host runs 8 ranks); one elsewhere, megacore v4 and v5p included."""
 
-ACCELERATOR_CHIPS: Mapping[str, str] = {"v4": "0x005e", "v5p": "0x0062", "v5litepod": "0x0063", "v5e": "0x0063",
-                                        "v6e": "0x006f", "tpu7x": "0x0076"}
+ACCELERATOR_CHIPS: Mapping[str, str] = {
+    "v4": "0x005e",
+    "v5p": "0x0062",
+    "v5litepod": "0x0063",
+    "v5e": "0x0063",
+    "v6e": "0x006f",
+    "tpu7x": "0x0076",
+}
 """The chip of an accelerator type's name before its ``-<size>`` (``v5litepod-16``: v5e)."""
 
 
@@ -126,11 +132,14 @@ def single_host_topology(chip: str | None, devices: int) -> str:
     """``TORCH_TPU_TOPOLOGY`` for ``devices`` ranks on one host of ``chip``, as torch_tpu's table has it."""
     table = TOPOLOGY_BY_CHIP.get(chip or "")
     if table is None:
-        raise PlanError(f"TorchTPU has no topology for TPU chips of PCI id {chip}: it knows "
-                        f"{', '.join(CHIP_NAMES.values())}")
+        raise PlanError(
+            f"TorchTPU has no topology for TPU chips of PCI id {chip}: it knows {', '.join(CHIP_NAMES.values())}"
+        )
     if devices not in table:
-        raise PlanError(f"TorchTPU has no topology for {devices} devices on one {CHIP_NAMES[chip or '']} host: "
-                        f"run {', '.join(map(str, table))} workers")
+        raise PlanError(
+            f"TorchTPU has no topology for {devices} devices on one {CHIP_NAMES[chip or '']} host: "
+            f"run {', '.join(map(str, table))} workers"
+        )
     return table[devices]
 
 
@@ -157,24 +166,31 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
     """TorchTPU's variables for one worker (see the module docstring); none depends on the local rank."""
     facts = options.tpu_slice or TpuSlice()
     if node.world_size != node.nnodes * node.local_world_size:
-        raise PlanError(f"TorchTPU runs as many workers on every host (rank r binds entry r of one list), but "
-                        f"{node.world_size} workers on {node.nnodes} nodes are not {node.local_world_size} each")
+        raise PlanError(
+            f"TorchTPU runs as many workers on every host (rank r binds entry r of one list), but "
+            f"{node.world_size} workers on {node.nnodes} nodes are not {node.local_world_size} each"
+        )
     first, hosts = this_slice(node, options.megascale)
     if node.worker_ports:
         addresses = ",".join(f"localhost:{port}" for port in node.worker_ports)
     else:
         addresses = slice_addresses(node, facts, first, hosts)
     check_variable_size(ADDRESSES, addresses, f"{hosts * node.local_world_size} devices on {hosts} hosts")
-    variables = {ADDRESSES: addresses, DEVICES_PER_HOST: str(node.local_world_size),
-                 SESSION_ID: str(node.job_started_ns)}
+    variables = {
+        ADDRESSES: addresses,
+        DEVICES_PER_HOST: str(node.local_world_size),
+        SESSION_ID: str(node.job_started_ns),
+    }
     shape = options.tpu_topology
     if hosts == 1:
         variables[TOPOLOGY] = single_host_topology(facts.chip, node.local_world_size)
         return variables
     if shape is not None and node.local_world_size != shape.chips_per_host * facts.devices_per_chip:
-        raise PlanError(f"TorchTPU across hosts runs one worker per device, "
-                        f"{shape.chips_per_host * facts.devices_per_chip} on each host of the slice, "
-                        f"not {node.local_world_size}")
+        raise PlanError(
+            f"TorchTPU across hosts runs one worker per device, "
+            f"{shape.chips_per_host * facts.devices_per_chip} on each host of the slice, "
+            f"not {node.local_world_size}"
+        )
     topology = slice_topology(shape, facts)
     if topology is not None:
         variables[TOPOLOGY] = topology
@@ -192,14 +208,18 @@ def this_slice(node: NodeAssignment, joined: MegaScale | None) -> tuple[int, int
     if joined is None:
         return 0, node.nnodes
     if node.nnodes % joined.slices:
-        raise PlanError(f"{node.nnodes} nodes do not make {joined.slices} TPU slices of as many hosts each: every "
-                        "slice of a multislice job must have as many hosts")
+        raise PlanError(
+            f"{node.nnodes} nodes do not make {joined.slices} TPU slices of as many hosts each: every "
+            "slice of a multislice job must have as many hosts"
+        )
     hosts = node.nnodes // joined.slices
     first = joined.slice_id * hosts
     if not first <= node.node_rank < first + hosts:
-        raise PlanError(f"node rank {node.node_rank} is not one of slice {joined.slice_id}'s ({first} to "
-                        f"{first + hosts - 1}, {hosts} hosts a slice): the node rank must be slice id x hosts "
-                        "per slice + the host's worker number")
+        raise PlanError(
+            f"node rank {node.node_rank} is not one of slice {joined.slice_id}'s ({first} to "
+            f"{first + hosts - 1}, {hosts} hosts a slice): the node rank must be slice id x hosts "
+            "per slice + the host's worker number"
+        )
     return first, hosts
 
 
@@ -213,19 +233,27 @@ def slice_addresses(node: NodeAssignment, facts: TpuSlice, first: int = 0, hosts
     """
     hosts = node.nnodes if hosts is None else hosts
     if len(node.hosts) != node.nnodes:
-        raise PlanError(f"TorchTPU's address list needs the addresses of all {node.nnodes} nodes, "
-                        "which only a rendezvous learns")
+        raise PlanError(
+            f"TorchTPU's address list needs the addresses of all {node.nnodes} nodes, which only a rendezvous learns"
+        )
     if facts.worker is not None and facts.worker != node.node_rank - first:
-        raise PlanError(f"this host is worker {facts.worker} of its TPU slice but node rank {node.node_rank}: "
-                        "libtpu maps task ids to chips, so the node rank must be the slice's worker number"
-                        + (f" after the {first} hosts of the slices before it" if first else ""))
+        raise PlanError(
+            f"this host is worker {facts.worker} of its TPU slice but node rank {node.node_rank}: "
+            "libtpu maps task ids to chips, so the node rank must be the slice's worker number"
+            + (f" after the {first} hosts of the slices before it" if first else "")
+        )
     if facts.worker_hostnames and len(facts.worker_hostnames) != hosts:
-        raise PlanError(f"TPU_WORKER_HOSTNAMES names {len(facts.worker_hostnames)} hosts, but {hosts} "
-                        + ("nodes joined the job" if hosts == node.nnodes else "nodes make a slice"))
-    slice_hosts = node.hosts[first:first + hosts]
+        raise PlanError(
+            f"TPU_WORKER_HOSTNAMES names {len(facts.worker_hostnames)} hosts, but {hosts} "
+            + ("nodes joined the job" if hosts == node.nnodes else "nodes make a slice")
+        )
+    slice_hosts = node.hosts[first : first + hosts]
     literal = next((host for host in slice_hosts if ":" in host), None)
     if literal is not None:
-        raise PlanError(f"TorchTPU splits each address on ':' in two, so node address {literal} cannot be one: "
-                        "give the nodes IPv4 addresses or names")
-    return ",".join(f"{host}:{facts.base_port + index}" for host in slice_hosts
-                    for index in range(node.local_world_size))
+        raise PlanError(
+            f"TorchTPU splits each address on ':' in two, so node address {literal} cannot be one: "
+            "give the nodes IPv4 addresses or names"
+        )
+    return ",".join(
+        f"{host}:{facts.base_port + index}" for host in slice_hosts for index in range(node.local_world_size)
+    )

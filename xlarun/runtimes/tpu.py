@@ -106,8 +106,9 @@ def generation_of(accelerator_type: str) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def topology(environ: Mapping[str, str], local_chips: int | None, nnodes: int,
-             generation: int | None = None) -> TpuTopology | None:
+def topology(
+    environ: Mapping[str, str], local_chips: int | None, nnodes: int, generation: int | None = None
+) -> TpuTopology | None:
     """The slice topology the launcher can know without asking the metadata server.
 
     From ``TPU_HOST_BOUNDS`` and ``TPU_CHIPS_PER_HOST_BOUNDS`` when set (GKE sets
@@ -137,27 +138,33 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
     shape = options.tpu_topology
     if options.spmd:
         if shape is None:
-            raise PlanError("SPMD on TPU needs the slice topology: set TPU_HOST_BOUNDS and "
-                             "TPU_CHIPS_PER_HOST_BOUNDS (the slice's tpu-env metadata values)")
+            raise PlanError(
+                "SPMD on TPU needs the slice topology: set TPU_HOST_BOUNDS and "
+                "TPU_CHIPS_PER_HOST_BOUNDS (the slice's tpu-env metadata values)"
+            )
         return {
             "TPU_VISIBLE_CHIPS": ",".join(str(chip) for chip in range(shape.chips_per_host)),
             "TPU_CHIPS_PER_PROCESS_BOUNDS": shape.chips_per_host_bounds,
             "TPU_PROCESS_BOUNDS": shape.host_bounds,
         }
     if shape is not None and node.local_world_size > shape.chips_per_host:
-        raise PlanError(f"{node.local_world_size} processes per host: that exceeds the {shape.chips_per_host} "
-                        "TPU chips of a host, and TPU runs at most one process per chip")
+        raise PlanError(
+            f"{node.local_world_size} processes per host: that exceeds the {shape.chips_per_host} "
+            "TPU chips of a host, and TPU runs at most one process per chip"
+        )
     variables = {
         "TPU_VISIBLE_CHIPS": str(local_rank),
         "TPU_PROCESS_PORT": str(BASE_PROCESS_PORT + local_rank),
     }
     if node.local_world_size == 1 and options.release < XLA_INIT_PINS_ONE_LOCAL_PROCESS:
-        variables.update({
-            "TPU_CHIPS_PER_PROCESS_BOUNDS": ONE_CHIP_BOUNDS,
-            "TPU_PROCESS_BOUNDS": ONE_CHIP_BOUNDS,
-            "TPU_PROCESS_ADDRESSES": f"localhost:{BASE_PROCESS_PORT}",
-            "CLOUD_TPU_TASK_ID": "0",
-        })
+        variables.update(
+            {
+                "TPU_CHIPS_PER_PROCESS_BOUNDS": ONE_CHIP_BOUNDS,
+                "TPU_PROCESS_BOUNDS": ONE_CHIP_BOUNDS,
+                "TPU_PROCESS_ADDRESSES": f"localhost:{BASE_PROCESS_PORT}",
+                "CLOUD_TPU_TASK_ID": "0",
+            }
+        )
         return variables
     if shape is not None and node.local_world_size > 1 and shape.generation not in GENERATIONS_WITH_CORE_BOUNDS:
         # Both or neither: under TPU_SKIP_MDS_QUERY torch_xla reads a preset

@@ -29,8 +29,10 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
     """XRT variables for one worker; no ``PJRT_*`` (in torch_xla 2.0 ``PJRT_DEVICE`` selects PJRT)."""
     kind = XRT_DEVICE_KINDS.get(options.device)
     if kind is None:
-        raise PlanError(f"the XRT runtime runs on device {' or '.join(XRT_DEVICE_KINDS)}, "
-                        f"not {options.device}: use the PJRT runtime")
+        raise PlanError(
+            f"the XRT runtime runs on device {' or '.join(XRT_DEVICE_KINDS)}, "
+            f"not {options.device}: use the PJRT runtime"
+        )
     rank = node.global_rank(local_rank)
     return {
         "XRT_LOCAL_WORKER": f"{XRT_TASK_JOB}:{rank}",

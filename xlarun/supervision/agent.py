@@ -50,8 +50,14 @@ WorkerVariables = Callable[[NodeAssignment, int, str], Mapping[str, str]]
 
 
 class Agent:
-    def __init__(self, config: LaunchConfig, rendezvous: Rendezvous, environ: Mapping[str, str],
-                 variables_for: WorkerVariables, events: EventBus = NO_EVENTS):
+    def __init__(
+        self,
+        config: LaunchConfig,
+        rendezvous: Rendezvous,
+        environ: Mapping[str, str],
+        variables_for: WorkerVariables,
+        events: EventBus = NO_EVENTS,
+    ):
         self.config = config
         self.events = events
         """Where the run's events go; the agent closes it at the run's end, before the summary counts its drops."""
@@ -99,13 +105,19 @@ class Agent:
         events_dropped = None
         if self.events.active:
             root_cause = None if end.root_cause is None else root_cause_record(end.root_cause)
-            self.events.emit("launch.finished", self._attempt, **{"process.exit.code": end.exit_code},
-                             result=end.result, root_cause=root_cause)
+            self.events.emit(
+                "launch.finished",
+                self._attempt,
+                **{"process.exit.code": end.exit_code},
+                result=end.result,
+                root_cause=root_cause,
+            )
             self.events.close(EVENTS_FLUSH_S)
             events_dropped = self.events.dropped
         if self.config.summary_file:
-            (self._summary or RunSummary(run_id=self.config.rdzv_id)).write(self.config.summary_file, end,
-                                                                            events_dropped)
+            (self._summary or RunSummary(run_id=self.config.rdzv_id)).write(
+                self.config.summary_file, end, events_dropped
+            )
 
     def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> RunEnd:
         attempt = restarts = 0
@@ -122,18 +134,29 @@ class Agent:
             # Several nodes number attempts for the whole job: a node that joins late takes the job's number.
             attempt = self._attempt = node.restart_count
             self.events.identify(run_id=node.run_id, node_rank=node.node_rank)
-            self.events.emit("rendezvous.completed", attempt, round=attempt, members=node.nnodes,
-                             duration_s=round(time.monotonic() - began, 6))
+            self.events.emit(
+                "rendezvous.completed",
+                attempt,
+                round=attempt,
+                members=node.nnodes,
+                duration_s=round(time.monotonic() - began, 6),
+            )
             if self._summary is None:
                 self._summary = RunSummary(run_id=node.run_id)
                 self._run_dir = make_run_log_dir(self.config.log_dir, node.run_id)
             self._summary.restarts = attempt
             records: list[FailureRecord] = []
-            group = WorkerGroup(self._specs(node, attempt), kill_timeout=self.config.shutdown_timeout, guard=guard,
-                                on_failure=self._publisher(node, records), hang_timeout=self.config.hang_timeout,
-                                on_hang=self._hang_announcer(attempt),
-                                on_stacks=self._stacks_publisher(node, attempt),
-                                on_start=self._start_events(attempt), on_exit=self._exit_events(attempt))
+            group = WorkerGroup(
+                self._specs(node, attempt),
+                kill_timeout=self.config.shutdown_timeout,
+                guard=guard,
+                on_failure=self._publisher(node, records),
+                hang_timeout=self.config.hang_timeout,
+                on_hang=self._hang_announcer(attempt),
+                on_stacks=self._stacks_publisher(node, attempt),
+                on_start=self._start_events(attempt),
+                on_exit=self._exit_events(attempt),
+            )
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)
             self._summary.add_attempt(attempt, outcome.results, self.rendezvous.attempt_record())
@@ -146,14 +169,16 @@ class Agent:
                 return RunEnd.succeeded()
             attempt += 1
             if attempt_end.admitting:
-                self.events.emit("restart", attempt - 1, restarts_left=self.config.max_restarts - restarts,
-                                 admitting=True)
+                self.events.emit(
+                    "restart", attempt - 1, restarts_left=self.config.max_restarts - restarts, admitting=True
+                )
                 continue  # torchrun's rule: letting waiting nodes in spends no restart
             failures = self._failures(records, node)
             lost = attempt_end.lost_node
             if lost is not None:
-                self.events.emit("node.lost", attempt - 1, node_rank=lost.node_rank, host=lost.host,
-                                 reason=lost.message)
+                self.events.emit(
+                    "node.lost", attempt - 1, node_rank=lost.node_rank, host=lost.host, reason=lost.message
+                )
             # A failure the lost node itself published came before it went silent: that stays the root cause.
             if lost is not None and failures and failures[0].node_rank == lost.node_rank:
                 lost = None
@@ -166,8 +191,7 @@ class Agent:
                     raise LaunchError(attempt_end.lost)
                 return self._fail(failures, outcome)
             restarts += 1
-            self.events.emit("restart", attempt - 1, restarts_left=self.config.max_restarts - restarts,
-                             admitting=False)
+            self.events.emit("restart", attempt - 1, restarts_left=self.config.max_restarts - restarts, admitting=False)
             if outcome.hang is not None:
                 how = f"hung ({outcome.hang.reason})"
                 if outcome.hang.positions:
@@ -175,19 +199,26 @@ class Agent:
 
                     say(f"where the ranks of attempt {attempt - 1} stood: {describe_positions(outcome.hang.positions)}")
             else:
-                why = (lost.message if lost is not None else describe(failures[0]) if failures
-                       else attempt_end.lost or outcome.stop_reason or "stopped")
+                why = (
+                    lost.message
+                    if lost is not None
+                    else describe(failures[0])
+                    if failures
+                    else attempt_end.lost or outcome.stop_reason or "stopped"
+                )
                 how = f"failed ({why})"
-            say(f"attempt {attempt - 1} {how}; restarting the worker group "
-                f"(restart {restarts} of {self.config.max_restarts})")
+            say(
+                f"attempt {attempt - 1} {how}; restarting the worker group "
+                f"(restart {restarts} of {self.config.max_restarts})"
+            )
 
     def _publisher(self, node: NodeAssignment, records: list[FailureRecord]) -> Callable[[WorkerResult], None]:
         """Adds a local failure to this attempt's ``records`` the moment it is seen (so in the order
         the group saw them) and tells the other nodes (if any)."""
+
         def publish(result: WorkerResult) -> None:
             if result.oom_killed:
-                self.events.emit("oom.killed", node.restart_count, rank=result.rank,
-                                 peak_rss_mib=result.peak_rss_mib)
+                self.events.emit("oom.killed", node.restart_count, rank=result.rank, peak_rss_mib=result.peak_rss_mib)
             record = failure_of(result, node.node_rank, node.nnodes)
             records.append(record)
             self.rendezvous.publish_failure(record)
@@ -196,15 +227,18 @@ class Agent:
 
     def _stacks_publisher(self, node: NodeAssignment, attempt: int) -> Callable[[Hang], None]:
         """Shares where this node's ranks stood in a hung attempt, the moment their stacks are taken."""
+
         def publish(hang: Hang) -> None:
-            self.events.emit("hang.stacks", attempt,
-                             stacks_files={str(rank): path for rank, path in hang.stacks_files.items()})
+            self.events.emit(
+                "hang.stacks", attempt, stacks_files={str(rank): path for rank, path in hang.stacks_files.items()}
+            )
             self.rendezvous.publish_stacks(node_stacks(node, hang))
 
         return publish
 
     def _hang_announcer(self, attempt: int) -> Callable[[str], None]:
         """Tells the other nodes this node found the job hung."""
+
         def announce(reason: str) -> None:
             self.events.emit("hang.suspected", attempt, reason=reason)
             self.rendezvous.announce_hang(reason)
@@ -216,8 +250,9 @@ class Agent:
             return None
 
         def started(result: WorkerResult) -> None:
-            self.events.emit("worker.started", attempt, rank=result.rank, local_rank=result.local_rank,
-                             **{"process.pid": result.pid})
+            self.events.emit(
+                "worker.started", attempt, rank=result.rank, local_rank=result.local_rank, **{"process.pid": result.pid}
+            )
 
         return started
 
@@ -228,11 +263,21 @@ class Agent:
         def exited(result: WorkerResult, failed: bool) -> None:
             number = result.signal_number  # a signal's end has no exit code, as in the summary file
             recorded = read_error_file(result.error_file) if result.returncode else None
-            self.events.emit("worker.exited", attempt, rank=result.rank, local_rank=result.local_rank,
-                             **{"process.pid": result.pid, "process.exit.code": None if number else result.returncode,
-                                "error.type": recorded and error_type(recorded.message)},
-                             signal=signal_name(number) if number else None, expected=not failed,
-                             peak_rss_mib=result.peak_rss_mib, cpu_s=result.cpu_s)
+            self.events.emit(
+                "worker.exited",
+                attempt,
+                rank=result.rank,
+                local_rank=result.local_rank,
+                **{
+                    "process.pid": result.pid,
+                    "process.exit.code": None if number else result.returncode,
+                    "error.type": recorded and error_type(recorded.message),
+                },
+                signal=signal_name(number) if number else None,
+                expected=not failed,
+                peak_rss_mib=result.peak_rss_mib,
+                cpu_s=result.cpu_s,
+            )
 
         return exited
 
@@ -240,12 +285,16 @@ class Agent:
         specs = []
         try:
             matching = plan_attempt_logs(self.config, self._run_dir, attempt)
-            logs_by_rank = [plan_worker_logs(self.config, self._run_dir, attempt, local_rank,
-                                             node.global_rank(local_rank), matching)
-                            for local_rank in range(node.local_world_size)]
+            logs_by_rank = [
+                plan_worker_logs(
+                    self.config, self._run_dir, attempt, local_rank, node.global_rank(local_rank), matching
+                )
+                for local_rank in range(node.local_world_size)
+            ]
         except OSError as error:
-            raise LaunchError(f"cannot make the log directory of attempt {attempt} in {self._run_dir}: "
-                              f"{error.strerror or error}") from None
+            raise LaunchError(
+                f"cannot make the log directory of attempt {attempt} in {self._run_dir}: {error.strerror or error}"
+            ) from None
         for local_rank, logs in enumerate(logs_by_rank):
             rank = node.global_rank(local_rank)
             variables = self.variables_for(node, local_rank, logs.error_file)
@@ -253,8 +302,11 @@ class Agent:
             if step_log_on(variables):
                 # The step log xlarun asked for: its lines are counted, and kept out of the console and the logs.
                 logs = dataclasses.replace(logs, stderr=dataclasses.replace(logs.stderr, relay=True, step_log=True))
-            specs.append(WorkerSpec(local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank),
-                                    env=env, logs=logs))
+            specs.append(
+                WorkerSpec(
+                    local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank), env=env, logs=logs
+                )
+            )
         return specs
 
     def _failures(self, local: list[FailureRecord], node: NodeAssignment) -> list[FailureRecord]:
@@ -270,8 +322,11 @@ class Agent:
             if outcome.start_failed and outcome.stop_reason is not None:
                 return RunEnd.launcher_error(outcome.stop_reason)
             return RunEnd.failed([])
-        stopped_with_errors = [stderr_excerpt(result.stderr_tail) for result in outcome.results
-                               if result.stderr_tail and all(result is not failed for failed in outcome.failures)]
+        stopped_with_errors = [
+            stderr_excerpt(result.stderr_tail)
+            for result in outcome.results
+            if result.stderr_tail and all(result is not failed for failed in outcome.failures)
+        ]
         return self._reported(RunEnd.failed(failures, stopped_with_errors))
 
     def _hung(self, node: NodeAssignment, hang: Hang) -> RunEnd:
@@ -311,8 +366,9 @@ STACKS_WAIT = 10.0
 
 
 def node_stacks(node: NodeAssignment, hang: Hang) -> NodeStacks:
-    return NodeStacks(node_rank=node.node_rank, host=host_name(), positions=hang.positions,
-                      stacks_files=hang.stacks_files)
+    return NodeStacks(
+        node_rank=node.node_rank, host=host_name(), positions=hang.positions, stacks_files=hang.stacks_files
+    )
 
 
 @dataclass(frozen=True)
@@ -369,4 +425,3 @@ def describe(failure: FailureRecord) -> str:
         how = f"exited with code {failure.returncode}"
     where = f" on node {failure.node_rank}" if failure.node_rank else ""
     return f"rank {failure.rank}{where} {how}"
-

@@ -29,6 +29,7 @@ Result = Literal["succeeded", "failed", "hung", "signalled", "launcher_error", "
 """The summary file's ``result``: ``not_needed`` is a node the job ended without (an elastic job
 that finished before it was let in)."""
 
+
 @dataclass(frozen=True)
 class HangCause:
     """A hung run's root cause: what found the workers hung, and where the job's ranks stood."""
@@ -92,8 +93,13 @@ class RunEnd:
         """Workers failed, the root cause first; none: the group was stopped with no worker to blame (exit 1)."""
         if not failures:
             return cls("failed", 1)
-        return cls("failed", failures[0].exit_status, failures[0], other_failures=tuple(failures[1:]),
-                   stopped_with_errors=tuple(stopped_with_errors))
+        return cls(
+            "failed",
+            failures[0].exit_status,
+            failures[0],
+            other_failures=tuple(failures[1:]),
+            stopped_with_errors=tuple(stopped_with_errors),
+        )
 
     @classmethod
     def node_lost(cls, lost: LostNode, failures: Sequence[FailureRecord] = ()) -> RunEnd:
@@ -110,8 +116,9 @@ class RunEnd:
         return cls("signalled", signal_exit_status(number), launcher_signal=number)
 
     @classmethod
-    def launcher_error(cls, error: str, exit_code: int = LaunchError.exit_code,
-                       root_cause: RootCause | None = None) -> RunEnd:
+    def launcher_error(
+        cls, error: str, exit_code: int = LaunchError.exit_code, root_cause: RootCause | None = None
+    ) -> RunEnd:
         """The launcher could not carry on; ``root_cause`` is what had already failed, if anything."""
         return cls("launcher_error", exit_code, root_cause, error=error)
 

@@ -33,7 +33,8 @@ def record(event: Event) -> dict[str, object]:
     return {
         "schema_version": SCHEMA_VERSION,
         "seq": event.seq,
-        "time": datetime.fromtimestamp(event.time, timezone.utc).isoformat(timespec="microseconds")
+        "time": datetime.fromtimestamp(event.time, timezone.utc)
+        .isoformat(timespec="microseconds")
         .replace("+00:00", "Z"),
         "run_id": event.run_id,
         "node_rank": event.node_rank,
@@ -109,7 +110,7 @@ class JsonLinesSink:
 
         while rest:
             select.select([], [fd], [], 1.0)
-            rest = rest[os.write(fd, rest):]
+            rest = rest[os.write(fd, rest) :]
 
     def close(self) -> None:
         if self._fd is not None:

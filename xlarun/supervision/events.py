@@ -35,19 +35,19 @@ SCHEMA_VERSION = 1
 """The event record's version: raised when a field changes meaning or goes away (adding one does not)."""
 
 EVENT_NAMES = (
-    "launch.started",        # nnodes, nproc_per_node, device, runtime
-    "preflight.refused",     # reason
-    "rendezvous.started",    # round
+    "launch.started",  # nnodes, nproc_per_node, device, runtime
+    "preflight.refused",  # reason
+    "rendezvous.started",  # round
     "rendezvous.completed",  # round, members, duration_s
-    "worker.started",        # rank, local_rank, process.pid
-    "worker.exited",         # rank, local_rank, process.pid, process.exit.code, signal, expected,
-                             # peak_rss_mib, cpu_s, error.type
-    "node.lost",             # node_rank, host, reason
-    "restart",               # restarts_left
-    "hang.suspected",        # reason
-    "hang.stacks",           # stacks_files: {rank: path}
-    "oom.killed",            # rank, peak_rss_mib
-    "launch.finished",       # process.exit.code, result, root_cause
+    "worker.started",  # rank, local_rank, process.pid
+    "worker.exited",  # rank, local_rank, process.pid, process.exit.code, signal, expected,
+    # peak_rss_mib, cpu_s, error.type
+    "node.lost",  # node_rank, host, reason
+    "restart",  # restarts_left
+    "hang.suspected",  # reason
+    "hang.stacks",  # stacks_files: {rank: path}
+    "oom.killed",  # rank, peak_rss_mib
+    "launch.finished",  # process.exit.code, result, root_cause
 )
 
 QUEUE_SIZE = 1024
@@ -141,8 +141,15 @@ def _reason(error: BaseException) -> str:
 class EventBus:
     """Emits events to every sink; see the module docstring."""
 
-    def __init__(self, sinks: Iterable[Sink], *, run_id: str = "", node_rank: int | None = None,
-                 host: str | None = None, trace_id: str | None = None):
+    def __init__(
+        self,
+        sinks: Iterable[Sink],
+        *,
+        run_id: str = "",
+        node_rank: int | None = None,
+        host: str | None = None,
+        trace_id: str | None = None,
+    ):
         self._lanes = [_Lane(sink) for sink in sinks]
         self.run_id = run_id
         self.node_rank = node_rank
@@ -184,9 +191,17 @@ class EventBus:
             if self._closed:
                 return
             self._seq += 1
-            event = Event(name=name, time=time.time(), seq=self._seq, attempt=attempt, attributes=attributes,
-                          run_id=self.run_id, node_rank=self.node_rank, host=self.host or "",
-                          trace_id=self.trace_id)
+            event = Event(
+                name=name,
+                time=time.time(),
+                seq=self._seq,
+                attempt=attempt,
+                attributes=attributes,
+                run_id=self.run_id,
+                node_rank=self.node_rank,
+                host=self.host or "",
+                trace_id=self.trace_id,
+            )
             for lane in self._lanes:
                 try:
                     lane.events.put_nowait(event)

@@ -245,14 +245,19 @@ class Worker:
 class WorkerGroup:
     """Starts a list of workers and supervises them until all are gone. See the module docstring."""
 
-    def __init__(self, specs: list[WorkerSpec], kill_timeout: float = 30.0,
-                 guard: OrphanGuard | None = None,
-                 on_failure: Callable[[WorkerResult], None] | None = None,
-                 start_process: ProcessFactory | None = None, hang_timeout: float | None = None,
-                 on_hang: Callable[[str], None] | None = None,
-                 on_stacks: Callable[[Hang], None] | None = None,
-                 on_start: Callable[[WorkerResult], None] | None = None,
-                 on_exit: Callable[[WorkerResult, bool], None] | None = None):
+    def __init__(
+        self,
+        specs: list[WorkerSpec],
+        kill_timeout: float = 30.0,
+        guard: OrphanGuard | None = None,
+        on_failure: Callable[[WorkerResult], None] | None = None,
+        start_process: ProcessFactory | None = None,
+        hang_timeout: float | None = None,
+        on_hang: Callable[[str], None] | None = None,
+        on_stacks: Callable[[Hang], None] | None = None,
+        on_start: Callable[[WorkerResult], None] | None = None,
+        on_exit: Callable[[WorkerResult, bool], None] | None = None,
+    ):
         self._specs = specs
         self._kill_timeout = kill_timeout
         self._guard = guard
@@ -314,8 +319,14 @@ class WorkerGroup:
             remove_if_empty(worker.spec.logs.stacks_file)
         ordered = sorted((worker.result for worker in self._workers), key=lambda result: result.local_rank)
         end = self._stopping or Stopping(Cause.ENDED, deadline=None)
-        return GroupOutcome(results=ordered, failures=self._failures, launcher_signal=end.launcher_signal,
-                            stop_reason=end.reason, start_failed=end.cause is Cause.START_FAILED, hang=end.hang)
+        return GroupOutcome(
+            results=ordered,
+            failures=self._failures,
+            launcher_signal=end.launcher_signal,
+            stop_reason=end.reason,
+            start_failed=end.cause is Cause.START_FAILED,
+            hang=end.hang,
+        )
 
     def _start(self, spec: WorkerSpec) -> None:
         try:
@@ -342,10 +353,20 @@ class WorkerGroup:
         except OSError:
             process.signal_group(signal.SIGKILL)  # started, but it could never be watched
             raise
-        worker = Worker(spec=spec, process=process, pidfd=pidfd,
-                        result=WorkerResult(local_rank=spec.local_rank, rank=spec.rank, pid=process.pid,
-                                            started_at=time.time(), error_file=spec.logs.error_file),
-                        stdout_relay=stdout_relay, stderr_relay=stderr_relay)
+        worker = Worker(
+            spec=spec,
+            process=process,
+            pidfd=pidfd,
+            result=WorkerResult(
+                local_rank=spec.local_rank,
+                rank=spec.rank,
+                pid=process.pid,
+                started_at=time.time(),
+                error_file=spec.logs.error_file,
+            ),
+            stdout_relay=stdout_relay,
+            stderr_relay=stderr_relay,
+        )
         self._workers.append(worker)
         for pipe, relay in ((process.stdout, stdout_relay), (process.stderr, stderr_relay)):
             if pipe is not None and relay is not None:
@@ -407,8 +428,10 @@ class WorkerGroup:
         if not self._said_console_stalled:
             self._said_console_stalled = True
             names = " and ".join({1: "stdout", 2: "stderr"}.get(fd, f"descriptor {fd}") for fd in consoles)
-            say(f"the launcher's {names} took no output for {watch.timeout:g} s (a paused terminal, a stalled "
-                "pipe?): the workers wait to write, which is no hang; the run goes on")
+            say(
+                f"the launcher's {names} took no output for {watch.timeout:g} s (a paused terminal, a stalled "
+                "pipe?): the workers wait to write, which is no hang; the run goes on"
+            )
 
     def _stacks_then_stop(self, reason: str, found_here: bool) -> None:
         """The attempt is hung: tell the other nodes (when found here), take every running worker's
@@ -422,7 +445,9 @@ class WorkerGroup:
             return
         if found_here and self._on_hang is not None:
             self._on_hang(reason)  # first, so that the other nodes take their stacks while every rank still waits
-        targets = [StackTarget(worker.result.rank, worker.pgid, worker.spec.logs.stacks_file) for worker in self._live()]
+        targets = [
+            StackTarget(worker.result.rank, worker.pgid, worker.spec.logs.stacks_file) for worker in self._live()
+        ]
         taking = StackTaking(targets)
         self._hang_in_progress = HangInProgress(reason, found_here, taking)
         self._selector.register(taking.fd, selectors.EVENT_READ, self._on_stacks_taken)
@@ -517,8 +542,7 @@ class WorkerGroup:
         """Children a worker left behind in its group are waited for like workers."""
         for pidfd in worker.process.open_straggler_pidfds():
             worker.stragglers.add(pidfd)
-            self._selector.register(pidfd, selectors.EVENT_READ,
-                                    lambda fd=pidfd: self._straggler_ended(worker, fd))
+            self._selector.register(pidfd, selectors.EVENT_READ, lambda fd=pidfd: self._straggler_ended(worker, fd))
 
     def _straggler_ended(self, worker: Worker, pidfd: int) -> None:
         self._unwatch(pidfd)

@@ -52,8 +52,18 @@ _PRUNE = b"prune"
 
 # Signals the guard keeps as they are: faults it would raise on itself (ignoring them could only
 # make it spin), the two that cannot be ignored, and SIGCHLD, which ends nothing.
-_KEPT_SIGNALS = {signal.SIGSEGV, signal.SIGBUS, signal.SIGILL, signal.SIGFPE, signal.SIGTRAP, signal.SIGABRT,
-                 signal.SIGSYS, signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD}
+_KEPT_SIGNALS = {
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGILL,
+    signal.SIGFPE,
+    signal.SIGTRAP,
+    signal.SIGABRT,
+    signal.SIGSYS,
+    signal.SIGKILL,
+    signal.SIGSTOP,
+    signal.SIGCHLD,
+}
 
 
 class OrphanGuard:
@@ -194,7 +204,7 @@ def retitle(title: str) -> None:
     """
     _, fields = stat_fields("/proc/self/stat")
     start, end = int(fields[48]), int(fields[49])
-    text = title.encode()[:end - start - 1]
+    text = title.encode()[: end - start - 1]
     with open("/proc/self/mem", "r+b", buffering=0) as memory:
         memory.seek(start)
         memory.write(text.ljust(end - start, b"\0"))

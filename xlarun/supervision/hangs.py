@@ -40,8 +40,12 @@ class Verdict(enum.Enum):
 class HangWatch:
     """See the module docstring. ``cpu_seconds`` gives each worker's CPU time so far, by local rank."""
 
-    def __init__(self, timeout: float, cpu_seconds: Callable[[], Mapping[int, float]],
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        timeout: float,
+        cpu_seconds: Callable[[], Mapping[int, float]],
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.timeout = timeout
         self.confirm = min(5.0, max(1.0, timeout / 10))
         self._cpu_seconds = cpu_seconds
@@ -81,8 +85,9 @@ class HangWatch:
         then, before = self._sample
         after = self._cpu_seconds()
         span = max(now - then, 1e-3)
-        self.busy_ranks = sorted(rank for rank, seconds in after.items()
-                                 if (seconds - before.get(rank, seconds)) / span > BUSY_SHARE)
+        self.busy_ranks = sorted(
+            rank for rank, seconds in after.items() if (seconds - before.get(rank, seconds)) / span > BUSY_SHARE
+        )
         if not self.busy_ranks:
             return Verdict.HUNG
         # Busy: the next look comes a timeout later.
@@ -97,9 +102,11 @@ def busy_notice(watch: HangWatch) -> str:
     from xlarun.supervision.stacks import rank_ranges  # loaded once a group is busy, not by every watch
 
     ranks = watch.busy_ranks
-    return (f"local rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} made no progress for "
-            f"{watch.timeout:g} s but {'use' if len(ranks) > 1 else 'uses'} the CPU (an XLA compile?): "
-            "not hung; the run goes on")
+    return (
+        f"local rank{'s' if len(ranks) > 1 else ''} {rank_ranges(ranks)} made no progress for "
+        f"{watch.timeout:g} s but {'use' if len(ranks) > 1 else 'uses'} the CPU (an XLA compile?): "
+        "not hung; the run goes on"
+    )
 
 
 def group_cpu_seconds(pgids: Iterable[int]) -> dict[int, float]:

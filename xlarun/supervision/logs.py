@@ -48,8 +48,9 @@ def make_run_log_dir(base: str | None, run_id: str) -> str:
         os.makedirs(base, exist_ok=True)
         return tempfile.mkdtemp(prefix=prefix, dir=base)
     except OSError as error:
-        raise UsageError(f"{flag('log_dir')} {base} cannot hold the logs ({error.strerror}): "
-                         "give a writable directory") from None
+        raise UsageError(
+            f"{flag('log_dir')} {base} cannot hold the logs ({error.strerror}): give a writable directory"
+        ) from None
 
 
 def line_prefix(config: LaunchConfig, rank: int, local_rank: int) -> bytes:
@@ -57,7 +58,8 @@ def line_prefix(config: LaunchConfig, rank: int, local_rank: int) -> bytes:
     torchrun 2.14's), else ``[{role}{local_rank}]:``."""
     if config.log_line_prefix_template:
         text = Template(config.log_line_prefix_template).safe_substitute(
-            role_name=config.role, rank=rank, local_rank=local_rank, hostname=socket.gethostname())
+            role_name=config.role, rank=rank, local_rank=local_rank, hostname=socket.gethostname()
+        )
     else:
         text = f"[{config.role}{local_rank}]:"
     return text.encode()
@@ -67,8 +69,11 @@ def plan_attempt_logs(config: LaunchConfig, run_dir: str, attempt: int) -> dict[
     """The attempt's filtered files, by stream, each created empty as torchrun creates it (whether
     any rank is tee'd or not) where its stream has filters."""
     filters = {STDOUT: config.duplicate_stdout_filters, STDERR: config.duplicate_stderr_filters}
-    planned = {bit: MatchingLines(os.path.join(run_dir, f"attempt_{attempt}", FILTERED_LOGS[bit]), needles)
-               for bit, needles in filters.items() if needles}
+    planned = {
+        bit: MatchingLines(os.path.join(run_dir, f"attempt_{attempt}", FILTERED_LOGS[bit]), needles)
+        for bit, needles in filters.items()
+        if needles
+    }
     for matching in planned.values():
         os.makedirs(os.path.dirname(matching.path), exist_ok=True)
         with open(matching.path, "wb"):
@@ -76,8 +81,9 @@ def plan_attempt_logs(config: LaunchConfig, run_dir: str, attempt: int) -> dict[
     return planned
 
 
-def plan_worker_logs(config: LaunchConfig, run_dir: str, attempt: int, local_rank: int, rank: int,
-                     matching: Mapping[int, MatchingLines]) -> WorkerLogPlan:
+def plan_worker_logs(
+    config: LaunchConfig, run_dir: str, attempt: int, local_rank: int, rank: int, matching: Mapping[int, MatchingLines]
+) -> WorkerLogPlan:
     """torchrun's stream rules for one worker; creates its attempt directory. ``matching`` (from
     :func:`plan_attempt_logs`) gets the lines the console shows of its tee'd streams."""
     directory = os.path.join(run_dir, f"attempt_{attempt}", str(local_rank))
@@ -92,8 +98,13 @@ def plan_worker_logs(config: LaunchConfig, run_dir: str, attempt: int, local_ran
         to_file = bool((redirects | tee) & bit)
         file = os.path.join(directory, f"{name}.log") if to_file else None
         if tee & bit:
-            return StreamPlan(file=file, console_fd=console_fd if shown else None, prefix=prefix, relay=True,
-                              matching=matching.get(bit) if shown else None)
+            return StreamPlan(
+                file=file,
+                console_fd=console_fd if shown else None,
+                prefix=prefix,
+                relay=True,
+                matching=matching.get(bit) if shown else None,
+            )
         if file is not None:
             # Hang detection counts output as progress: it must pass through the launcher on its way.
             return StreamPlan(file=file, relay=config.hang_timeout is not None)

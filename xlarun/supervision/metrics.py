@@ -71,9 +71,11 @@ class MetricsTextfile:
             rank = cast(int, attributes["rank"])
             self._running.discard(rank)
             rss = attributes.get("peak_rss_mib")
-            self._exits[rank] = (cast(int, attributes["local_rank"]),
-                                 event_returncode(attributes.get("process.exit.code"), attributes.get("signal")),
-                                 float(rss) * 2**20 if isinstance(rss, (int, float)) else None)
+            self._exits[rank] = (
+                cast(int, attributes["local_rank"]),
+                event_returncode(attributes.get("process.exit.code"), attributes.get("signal")),
+                float(rss) * 2**20 if isinstance(rss, (int, float)) else None,
+            )
         elif event.name == "restart":
             values["restarts"] += 0 if attributes.get("admitting") else 1
             self._running.clear()
@@ -103,16 +105,26 @@ class MetricsTextfile:
             lines.extend((f"# HELP {PREFIX}{name} {_HELP[name]}", f"# TYPE {PREFIX}{name} gauge"))
             lines.extend(f"{PREFIX}{name}{{{common}{labels}}} {value!r}" for labels, value in samples)
 
-        for name in ("up", "attempt", "restarts", "workers_running", "launch_duration_seconds",
-                     "last_event_timestamp_seconds", "exit_code"):
+        for name in (
+            "up",
+            "attempt",
+            "restarts",
+            "workers_running",
+            "launch_duration_seconds",
+            "last_event_timestamp_seconds",
+            "exit_code",
+        ):
             if name in self._values:
                 gauge(name, [("", float(self._values[name]))])
         by_rank = sorted(self._exits.items())
         if by_rank:
-            gauge("worker_exit_code", [(f',rank="{rank}",local_rank="{local}"', float(code))
-                                       for rank, (local, code, _) in by_rank])
-        with_rss = [(f',rank="{rank}",local_rank="{local}"', rss)
-                    for rank, (local, _, rss) in by_rank if rss is not None]
+            gauge(
+                "worker_exit_code",
+                [(f',rank="{rank}",local_rank="{local}"', float(code)) for rank, (local, code, _) in by_rank],
+            )
+        with_rss = [
+            (f',rank="{rank}",local_rank="{local}"', rss) for rank, (local, _, rss) in by_rank if rss is not None
+        ]
         if with_rss:
             gauge("worker_peak_rss_bytes", with_rss)
         return "\n".join(lines) + "\n"

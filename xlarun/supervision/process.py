@@ -104,9 +104,16 @@ class PosixProcess:
     ``guard`` before its exec."""
 
     def __init__(self, spec: WorkerSpec, stdout: StreamTarget, stderr: StreamTarget, guard: OrphanGuard | None = None):
-        popen = subprocess.Popen(spec.argv, env=spec.env, cwd=spec.cwd, stdout=stdout, stderr=stderr,
-                                 start_new_session=True, close_fds=True,
-                                 preexec_fn=None if guard is None else guard.enlist)
+        popen = subprocess.Popen(
+            spec.argv,
+            env=spec.env,
+            cwd=spec.cwd,
+            stdout=stdout,
+            stderr=stderr,
+            start_new_session=True,
+            close_fds=True,
+            preexec_fn=None if guard is None else guard.enlist,
+        )
         # Popen must not reap or warn about a child whose status the event loop collects.
         popen.returncode = 0
         self.pid: int = popen.pid
@@ -120,8 +127,9 @@ class PosixProcess:
     def reap(self) -> int:
         _, status, rusage = os.wait4(self.pid, 0)
         # Linux counts ru_maxrss in KiB.
-        self.usage = Usage(peak_rss_mib=round(rusage.ru_maxrss / 1024, 1),
-                           cpu_s=round(rusage.ru_utime + rusage.ru_stime, 3))
+        self.usage = Usage(
+            peak_rss_mib=round(rusage.ru_maxrss / 1024, 1), cpu_s=round(rusage.ru_utime + rusage.ru_stime, 3)
+        )
         return os.waitstatus_to_exitcode(status)
 
     def signal_group(self, number: int) -> bool:

@@ -83,8 +83,7 @@ class LogFile:
         try:
             self._handle.write(data)
         except OSError as error:
-            say(f"cannot write {self.path}: {error.strerror or error}; it stops here, the console and the "
-                "run go on")
+            say(f"cannot write {self.path}: {error.strerror or error}; it stops here, the console and the run go on")
             self.close()
 
     def close(self) -> None:
@@ -275,7 +274,7 @@ class StreamRelay:
             # Plain lines, the common case: one replace puts the prefix behind every newline.
             self._unshown = text[shown:]
             if shown:
-                lead += self._prefix + text[:shown - 1].replace(b"\n", b"\n" + self._prefix) + b"\n"
+                lead += self._prefix + text[: shown - 1].replace(b"\n", b"\n" + self._prefix) + b"\n"
                 self._after_carriage_return = False
             if lead:
                 self._console.write(lead)

@@ -69,12 +69,20 @@ def failure_of(result: WorkerResult, node_rank: int = 0, nnodes: int = 1) -> Fai
             text += f": the kernel's OOM killer{peak_rss_note(result.peak_rss_mib)}"
     else:
         text = stderr_excerpt(result.stderr_tail) or NOT_AVAILABLE
-    return FailureRecord(rank=result.rank, local_rank=result.local_rank, returncode=returncode, pid=result.pid,
-                         time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
-                         host=host_name(),
-                         error_file=result.error_file if recorded else NOT_AVAILABLE,
-                         traceback=keep_end(text.rstrip("\n")), node_rank=node_rank, nnodes=nnodes, reason=reason,
-                         peak_rss_mib=result.peak_rss_mib)
+    return FailureRecord(
+        rank=result.rank,
+        local_rank=result.local_rank,
+        returncode=returncode,
+        pid=result.pid,
+        time=recorded.timestamp if recorded and recorded.timestamp else (result.ended_at or 0.0),
+        host=host_name(),
+        error_file=result.error_file if recorded else NOT_AVAILABLE,
+        traceback=keep_end(text.rstrip("\n")),
+        node_rank=node_rank,
+        nnodes=nnodes,
+        reason=reason,
+        peak_rss_mib=result.peak_rss_mib,
+    )
 
 
 def peak_rss_note(peak_rss_mib: float | None) -> str:
@@ -101,13 +109,15 @@ def escape_controls(text: str) -> str:
 def format_failure(index: int, failure: FailureRecord) -> str:
     stamp = datetime.fromtimestamp(int(failure.time)).isoformat(sep="_")
     traceback = escape_controls(failure.traceback).replace("\n", "\n  ")
-    return (f"[{index}]:\n"
-            f"  time      : {stamp}\n"
-            f"  host      : {failure.host}{f' (node_rank: {failure.node_rank})' if failure.nnodes > 1 else ''}\n"
-            f"  rank      : {failure.rank} (local_rank: {failure.local_rank})\n"
-            f"  exitcode  : {failure.returncode} (pid: {failure.pid})\n"
-            f"  error_file: {failure.error_file}\n"
-            f"  traceback : {traceback}")
+    return (
+        f"[{index}]:\n"
+        f"  time      : {stamp}\n"
+        f"  host      : {failure.host}{f' (node_rank: {failure.node_rank})' if failure.nnodes > 1 else ''}\n"
+        f"  rank      : {failure.rank} (local_rank: {failure.local_rank})\n"
+        f"  exitcode  : {failure.returncode} (pid: {failure.pid})\n"
+        f"  error_file: {failure.error_file}\n"
+        f"  traceback : {traceback}"
+    )
 
 
 def format_report(name: str, failures: list[FailureRecord], lost: LostNode | None = None) -> str:
@@ -119,8 +129,20 @@ def format_report(name: str, failures: list[FailureRecord], lost: LostNode | Non
         blocks.insert(0, f"  {lost.message}")
     width = min(MAX_WIDTH, max([len(title)] + [len(line) for block in blocks for line in block.split("\n")]))
     others = "\n".join(blocks[1:]) or "  <NO_OTHER_FAILURES>"
-    return "\n".join(["", RULE * width, title, "-" * width, "Failures:", others, "-" * width,
-                      "Root Cause (first observed failure):", blocks[0], RULE * width])
+    return "\n".join(
+        [
+            "",
+            RULE * width,
+            title,
+            "-" * width,
+            "Failures:",
+            others,
+            "-" * width,
+            "Root Cause (first observed failure):",
+            blocks[0],
+            RULE * width,
+        ]
+    )
 
 
 def print_root_cause(end: RunEnd, script: str) -> None:
@@ -161,30 +183,48 @@ class RunSummary:
     restarts: int = 0
     attempts: list[dict[str, Any]] = field(default_factory=list)
 
-    def add_attempt(self, number: int, results: list[WorkerResult],
-                    nodes: Mapping[str, Any] | None = None) -> None:
+    def add_attempt(self, number: int, results: list[WorkerResult], nodes: Mapping[str, Any] | None = None) -> None:
         """Record an attempt's workers, and ``nodes``: the rendezvous's world size and nodes."""
-        self.attempts.append({"attempt": number, "workers": [
-            {"rank": r.rank, "local_rank": r.local_rank, "pid": r.pid,
-             "exitcode": r.returncode if r.returncode is None or r.returncode >= 0 else None,
-             "signal": signal_name(r.signal_number) if r.signal_number else None,
-             "start_time": r.started_at, "end_time": r.ended_at,
-             "peak_rss_mib": r.peak_rss_mib, "cpu_s": r.cpu_s, "steps": r.steps,
-             **({"oom_killed": True} if r.oom_killed else {}),
-             **({"stack": r.position} if r.position is not None else {})}
-            for r in results], **(nodes or {})})
+        self.attempts.append(
+            {
+                "attempt": number,
+                "workers": [
+                    {
+                        "rank": r.rank,
+                        "local_rank": r.local_rank,
+                        "pid": r.pid,
+                        "exitcode": r.returncode if r.returncode is None or r.returncode >= 0 else None,
+                        "signal": signal_name(r.signal_number) if r.signal_number else None,
+                        "start_time": r.started_at,
+                        "end_time": r.ended_at,
+                        "peak_rss_mib": r.peak_rss_mib,
+                        "cpu_s": r.cpu_s,
+                        "steps": r.steps,
+                        **({"oom_killed": True} if r.oom_killed else {}),
+                        **({"stack": r.position} if r.position is not None else {}),
+                    }
+                    for r in results
+                ],
+                **(nodes or {}),
+            }
+        )
 
     def record(self, end: RunEnd, events_dropped: int | None = None) -> dict[str, Any]:
         """The file's JSON object: the run, how it ended (with the failures the report lists after the root
         cause: a job on several hosts gathers every node's), its attempts; with an event sink
         (``--event-log``), ``events_dropped``: the events a sink never took."""
-        return {"run_id": self.run_id, "exit_code": end.exit_code, "result": end.result, "restarts": self.restarts,
-                "launcher_signal": None if end.launcher_signal is None else signal_name(end.launcher_signal),
-                "error": end.error,
-                "root_cause": None if end.root_cause is None else root_cause_record(end.root_cause),
-                "other_failures": [root_cause_record(failure) for failure in end.other_failures],
-                "attempts": self.attempts,
-                **({} if events_dropped is None else {"events_dropped": events_dropped})}
+        return {
+            "run_id": self.run_id,
+            "exit_code": end.exit_code,
+            "result": end.result,
+            "restarts": self.restarts,
+            "launcher_signal": None if end.launcher_signal is None else signal_name(end.launcher_signal),
+            "error": end.error,
+            "root_cause": None if end.root_cause is None else root_cause_record(end.root_cause),
+            "other_failures": [root_cause_record(failure) for failure in end.other_failures],
+            "attempts": self.attempts,
+            **({} if events_dropped is None else {"events_dropped": events_dropped}),
+        }
 
     def write(self, path: str, end: RunEnd, events_dropped: int | None = None) -> None:
         """Write the record of the run that ended so whole (a reader sees the old file or the new one); a path
@@ -199,8 +239,7 @@ class RunSummary:
         temporary = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
         try:
             os.makedirs(directory, exist_ok=True)
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                                 0o666)
+            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
             try:
                 with os.fdopen(descriptor, "w") as handle:
                     json.dump(self.record(end, events_dropped), handle, indent=2)
@@ -219,10 +258,19 @@ def root_cause_record(cause: RootCause) -> dict[str, Any]:
     signal's name; or a hang's ``reason``, ``message``, ``exit_status``, ``positions`` and ``stacks_files``;
     or a lost node's ``reason`` (``node_lost``), ``node_rank``, ``host``, ``message`` and ``exit_status``."""
     if isinstance(cause, LostNode):
-        return {"reason": "node_lost", "node_rank": cause.node_rank, "host": cause.host, "message": cause.message,
-                "exit_status": cause.exit_status}
+        return {
+            "reason": "node_lost",
+            "node_rank": cause.node_rank,
+            "host": cause.host,
+            "message": cause.message,
+            "exit_status": cause.exit_status,
+        }
     if isinstance(cause, HangCause):
-        return {"reason": "hung", "message": cause.message, "exit_status": cause.exit_status,
-                "positions": {str(rank): where for rank, where in cause.positions.items()},
-                "stacks_files": {str(rank): path for rank, path in cause.stacks_files.items()}}
+        return {
+            "reason": "hung",
+            "message": cause.message,
+            "exit_status": cause.exit_status,
+            "positions": {str(rank): where for rank, where in cause.positions.items()},
+            "stacks_files": {str(rank): path for rank, path in cause.stacks_files.items()},
+        }
     return {**asdict(cause), "exit_status": cause.exit_status, **({"signal": cause.signal} if cause.signal else {})}

@@ -47,8 +47,7 @@ class SignalInbox:
     """
 
     def __init__(self, stop_signals: Iterable[int]):
-        self.stop_signals = tuple(number for number in stop_signals
-                                  if number not in (*RELAYED_SIGNALS, SUSPEND_SIGNAL))
+        self.stop_signals = tuple(number for number in stop_signals if number not in (*RELAYED_SIGNALS, SUSPEND_SIGNAL))
         self._signals = (*self.stop_signals, *RELAYED_SIGNALS, SUSPEND_SIGNAL)
         self._previous: dict[int, object] = {}
         self.fd = -1

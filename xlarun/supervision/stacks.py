@@ -80,8 +80,9 @@ def _dump_file_held(target: StackTarget, found: os.stat_result) -> bool:
     return stat.S_ISREG(found.st_mode) and (held.st_dev, held.st_ino) == (found.st_dev, found.st_ino)
 
 
-def dump_stacks(targets: Iterable[StackTarget], wait: float = DUMP_WAIT,
-                cancel: threading.Event | None = None) -> dict[int, str]:
+def dump_stacks(
+    targets: Iterable[StackTarget], wait: float = DUMP_WAIT, cancel: threading.Event | None = None
+) -> dict[int, str]:
     """Ask every armed target for its stacks at once and read each dump back, by rank.
 
     A target that is not armed, has gone, or wrote nothing within ``wait`` seconds (or before
@@ -136,8 +137,9 @@ def py_spy() -> str | None:
     return shutil.which("py-spy") or (beside if os.access(beside, os.X_OK) else None)
 
 
-def native_stacks(pids: Iterable[int], wait: float = NATIVE_WAIT,
-                  cancel: threading.Event | None = None) -> dict[int, str]:
+def native_stacks(
+    pids: Iterable[int], wait: float = NATIVE_WAIT, cancel: threading.Event | None = None
+) -> dict[int, str]:
     """``py-spy dump --native`` of each process, by pid, all at once: the frames inside C and C++
     (gloo, NCCL, libtpu) that faulthandler cannot see. Empty where py-spy is not installed; a process
     py-spy may not trace (no ptrace rights) gets py-spy's own line saying why.
@@ -152,8 +154,16 @@ def native_stacks(pids: Iterable[int], wait: float = NATIVE_WAIT,
     running: dict[int, tuple[subprocess.Popen[bytes], IO[bytes]]] = {}
     for pid in pids:
         output: IO[bytes] = tempfile.TemporaryFile()
-        running[pid] = (subprocess.Popen([program, "dump", "--native", "--pid", str(pid)], stdin=subprocess.DEVNULL,
-                                         stdout=output, stderr=subprocess.STDOUT, start_new_session=True), output)
+        running[pid] = (
+            subprocess.Popen(
+                [program, "dump", "--native", "--pid", str(pid)],
+                stdin=subprocess.DEVNULL,
+                stdout=output,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            ),
+            output,
+        )
     deadline = time.monotonic() + wait
     found: dict[int, str] = {}
     for pid, (process, output) in running.items():
@@ -197,9 +207,10 @@ class Snapshot:
 def snapshot(targets: list[StackTarget], cancel: threading.Event | None = None) -> Snapshot:
     """Every target's Python stacks, taken at once and summed up, in the targets' order."""
     dumps = dump_stacks(targets, cancel=cancel)
-    return Snapshot({target.rank: where(dumps[target.rank]) if target.rank in dumps else UNKNOWN
-                     for target in targets},
-                    {target.rank: target.path for target in targets if target.rank in dumps})
+    return Snapshot(
+        {target.rank: where(dumps[target.rank]) if target.rank in dumps else UNKNOWN for target in targets},
+        {target.rank: target.path for target in targets if target.rank in dumps},
+    )
 
 
 def add_native_stacks(targets: list[StackTarget], cancel: threading.Event | None = None) -> None:
@@ -332,8 +343,9 @@ def describe_positions(positions: Mapping[int, str]) -> str:
     for rank, position in sorted(positions.items()):
         groups.setdefault(position, []).append(rank)
     ordered = sorted(groups.items(), key=lambda item: (len(item[1]), item[1][0]))
-    return " · ".join(f"{'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)}: {position}"
-                      for position, ranks in ordered)
+    return " · ".join(
+        f"{'rank' if len(ranks) == 1 else 'ranks'} {rank_ranges(ranks)}: {position}" for position, ranks in ordered
+    )
 
 
 @dataclass(frozen=True)
@@ -372,12 +384,19 @@ def launch_workers(launcher: int | None) -> tuple[int, list[LiveWorker]]:
         path = _dump_path(environ)
         if path is None:
             continue
-        worker = LiveWorker(pid=pid, rank=_integer(environ.get("RANK")), local_rank=_integer(environ.get("LOCAL_RANK")),
-                            stacks_file=path)
+        worker = LiveWorker(
+            pid=pid,
+            rank=_integer(environ.get("RANK")),
+            local_rank=_integer(environ.get("LOCAL_RANK")),
+            stacks_file=path,
+        )
         by_launcher.setdefault(int(fields[4]), []).append(worker)
     # A worker's own Python children inherit nothing of the hook, but a --no-python worker's do.
-    launchers = {parent: workers for parent, workers in by_launcher.items()
-                 if parent not in armed_pids and process_owner(parent) == owner}
+    launchers = {
+        parent: workers
+        for parent, workers in by_launcher.items()
+        if parent not in armed_pids and process_owner(parent) == owner
+    }
     if launcher is not None:
         if launcher not in launchers:
             raise LookupError(not_a_launcher)
@@ -385,9 +404,11 @@ def launch_workers(launcher: int | None) -> tuple[int, list[LiveWorker]]:
     if not launchers:
         raise LookupError("no running xlarun launch on this host (or none of its workers is this user's)")
     if len(launchers) > 1:
-        raise LookupError(f"several xlarun launches run on this host (launcher pids "
-                          f"{', '.join(map(str, sorted(launchers)))}): give one, as xlarun --stacks PID")
-    (parent, workers), = launchers.items()
+        raise LookupError(
+            f"several xlarun launches run on this host (launcher pids "
+            f"{', '.join(map(str, sorted(launchers)))}): give one, as xlarun --stacks PID"
+        )
+    ((parent, workers),) = launchers.items()
     return parent, sorted(workers, key=lambda worker: worker.rank)
 
 
@@ -397,10 +418,13 @@ def _dump_path(environ: Mapping[str, str]) -> str | None:
     ``--virtual-local-rank`` hides from ``LOCAL_RANK``), by a path without ``..``; else ``None``."""
     path = environ[STACKS_VARIABLE].partition(":")[2]
     directory = os.path.dirname(path)
-    if (not os.path.isabs(path) or os.path.normpath(path) != path
-            or path != stacks_file(os.path.dirname(environ.get(ERROR_FILE_VARIABLE, "")))
-            or not os.path.basename(directory).isdigit()
-            or not _ATTEMPT.fullmatch(os.path.basename(os.path.dirname(directory)))):
+    if (
+        not os.path.isabs(path)
+        or os.path.normpath(path) != path
+        or path != stacks_file(os.path.dirname(environ.get(ERROR_FILE_VARIABLE, "")))
+        or not os.path.basename(directory).isdigit()
+        or not _ATTEMPT.fullmatch(os.path.basename(os.path.dirname(directory)))
+    ):
         return None
     return path
 

@@ -57,8 +57,10 @@ class SystemdNotify:
             ready = not self._ready and len(self._running) >= self.nproc_per_node
         elif event.name == "worker.exited":
             self._running.discard(cast(int, attributes["rank"]))
-            status = (f"attempt {event.attempt}: worker {attributes['rank']} exited with "
-                      f"{attributes.get('process.exit.code')}, {len(self._running)} running")
+            status = (
+                f"attempt {event.attempt}: worker {attributes['rank']} exited with "
+                f"{attributes.get('process.exit.code')}, {len(self._running)} running"
+            )
         elif event.name == "restart":
             self._running.clear()
             status = f"restarting the workers ({attributes.get('restarts_left')} restarts left)"
@@ -67,8 +69,10 @@ class SystemdNotify:
         elif event.name == "hang.suspected":
             status = f"workers hung: {attributes.get('reason')}"
         elif event.name == "launch.finished":
-            self._send(f"STOPPING=1\nSTATUS=finished: {attributes.get('result')}, "
-                       f"exit code {attributes.get('process.exit.code')}")
+            self._send(
+                f"STOPPING=1\nSTATUS=finished: {attributes.get('result')}, "
+                f"exit code {attributes.get('process.exit.code')}"
+            )
             return
         if status is None:
             return

@@ -57,10 +57,13 @@ class TorchrunIdentity:
         command = config.command
         # torchrun --standalone, and a lone node from torchrun 2.12 on, run on c10d.
         backend = "c10d" if config.standalone else config.rdzv_backend
-        return TorchrunIdentity(role=config.role,
-                                entry_point=os.path.basename(command.script if command.no_python else command.python),
-                                rdzv_backend=backend, max_restarts=config.max_restarts,
-                                nproc_per_node=config.nproc_per_node)
+        return TorchrunIdentity(
+            role=config.role,
+            entry_point=os.path.basename(command.script if command.no_python else command.python),
+            rdzv_backend=backend,
+            max_restarts=config.max_restarts,
+            nproc_per_node=config.nproc_per_node,
+        )
 
 
 @dataclass
@@ -100,8 +103,9 @@ class TorchrunConsoleSink:
             self._restarts += 0 if attributes.get("admitting") else 1
             self._workers = {}
         elif event.name == "worker.started":
-            worker = _Worker(cast(int, attributes["rank"]), cast(int, attributes["local_rank"]),
-                             cast(int, attributes["process.pid"]))
+            worker = _Worker(
+                cast(int, attributes["rank"]), cast(int, attributes["local_rank"]), cast(int, attributes["process.pid"])
+            )
             self._workers[worker.rank] = worker
             self._emit(event, "START", "WORKER", worker=worker)
         elif event.name == "worker.exited":
@@ -124,12 +128,18 @@ class TorchrunConsoleSink:
             # torchrun's agent.run() raised: no worker events, the agent FAILED. A node the job ended
             # without returns, as torchrun's on RendezvousGracefulExitError.
             reason = event.attributes.get("root_cause")
-            self._emit(event, "FAILED", "AGENT", run_time=run_time,
-                       raw_error=json.dumps(reason) if reason is not None else f"xlarun: {result}")
+            self._emit(
+                event,
+                "FAILED",
+                "AGENT",
+                run_time=run_time,
+                raw_error=json.dumps(reason) if reason is not None else f"xlarun: {result}",
+            )
             return
         # A hung group, or one another node's failure stopped, failed though none of its workers did.
-        group_failed = result != "succeeded" or any(worker.exit is None or not worker.exit.attributes.get("expected")
-                           for worker in self._workers.values())
+        group_failed = result != "succeeded" or any(
+            worker.exit is None or not worker.exit.attributes.get("expected") for worker in self._workers.values()
+        )
         for worker in sorted(self._workers.values(), key=lambda w: w.rank):
             failed = worker.exit is None or not worker.exit.attributes.get("expected")
             if not group_failed:
@@ -138,19 +148,42 @@ class TorchrunConsoleSink:
                 self._emit(event, "TERMINATED", "WORKER", worker=worker, run_time=run_time)
             else:
                 exit_code, raw_error = _failure(worker)
-                self._emit(event, "FAILED", "WORKER", worker=worker, run_time=run_time, raw_error=raw_error,
-                           exit_code=exit_code, worker_pid=worker.pid)
+                self._emit(
+                    event,
+                    "FAILED",
+                    "WORKER",
+                    worker=worker,
+                    run_time=run_time,
+                    raw_error=raw_error,
+                    exit_code=exit_code,
+                    worker_pid=worker.pid,
+                )
         self._emit(event, "SUCCEEDED", "AGENT", run_time=run_time)
 
-    def _emit(self, event: Event, state: str, source: str, *, worker: _Worker | None = None, run_time: int = 0,
-              raw_error: str | None = None, duration_ms: float | None = None, exit_code: int | None = None,
-              worker_pid: int | None = None) -> None:
+    def _emit(
+        self,
+        event: Event,
+        state: str,
+        source: str,
+        *,
+        worker: _Worker | None = None,
+        run_time: int = 0,
+        raw_error: str | None = None,
+        duration_ms: float | None = None,
+        exit_code: int | None = None,
+        worker_pid: int | None = None,
+    ) -> None:
         identity = self.identity
         inner: dict[str, object] = {"group_world_size": self._group_world_size, "entry_point": identity.entry_point}
         if worker is not None:
             world_size = (self._group_world_size or 1) * identity.nproc_per_node
-            inner.update(local_rank=[worker.local_rank], role_rank=[worker.rank], role_world_size=[world_size],
-                         exit_code=[exit_code], worker_pid=[worker_pid])
+            inner.update(
+                local_rank=[worker.local_rank],
+                role_rank=[worker.rank],
+                role_world_size=[world_size],
+                exit_code=[exit_code],
+                worker_pid=[worker_pid],
+            )
         if not self._hostname:
             self._hostname = socket.getfqdn(socket.gethostname())  # torchrun's _get_fq_hostname; on this thread
         metadata = {
@@ -168,8 +201,14 @@ class TorchrunConsoleSink:
             "agent_restarts": self._restarts,
             "duration_ms": duration_ms,
         }
-        line = json.dumps({"name": f"torchelastic.worker.status.{state}", "source": source,
-                           "timestamp": int(event.time * 1000), "metadata": metadata})
+        line = json.dumps(
+            {
+                "name": f"torchelastic.worker.status.{state}",
+                "source": source,
+                "timestamp": int(event.time * 1000),
+                "metadata": metadata,
+            }
+        )
         self.write((line + "\n").encode())
 
 

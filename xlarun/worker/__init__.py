@@ -113,8 +113,9 @@ def default_init_method(backend: str, spmd: bool, environ: Mapping[str, str]) ->
     return "env://" if broken is not None else "xla://"
 
 
-def describe_split(rank: int, world_size: int, views: Mapping[str, tuple[int, int]],
-                   device: str | None, spmd: bool) -> str | None:
+def describe_split(
+    rank: int, world_size: int, views: Mapping[str, tuple[int, int]], device: str | None, spmd: bool
+) -> str | None:
     """Why the ``(rank, world size)`` of some view differs from the launcher's, or None.
 
     ``views`` maps a name (``torch.distributed``, ``the XLA runtime``) to what it reports.
@@ -126,16 +127,22 @@ def describe_split(rank: int, world_size: int, views: Mapping[str, tuple[int, in
         if (seen_rank, seen_world) == (rank, world_size):
             continue
         if device == "CPU" and name == RUNTIME_VIEW and seen_world == 1 and world_size > 1:
-            return (f"PJRT's CPU client has no cross-process collectives: each of the {world_size} "
-                    f"processes would train alone as rank 0 of 1; use {flag('spmd')} {flag('virtual_devices')} K "
-                    f"(one process, K devices) or the gloo backend with CPU tensors")
-        cause = (f"the launcher set RANK={rank} WORLD_SIZE={world_size} but {name} reports "
-                 f"rank {seen_rank} of {seen_world}")
+            return (
+                f"PJRT's CPU client has no cross-process collectives: each of the {world_size} "
+                f"processes would train alone as rank 0 of 1; use {flag('spmd')} {flag('virtual_devices')} K "
+                f"(one process, K devices) or the gloo backend with CPU tensors"
+            )
+        cause = (
+            f"the launcher set RANK={rank} WORLD_SIZE={world_size} but {name} reports rank {seen_rank} of {seen_world}"
+        )
         if spmd:
-            return (f"{cause}: under SPMD each node runs one process that sees all its devices; "
-                    f"launch with {flag('spmd')}")
-        return (f"{cause}: the workers do not form one XLA world; check that PJRT_DEVICE and the "
-                f"device's topology variables are those the launcher set")
+            return (
+                f"{cause}: under SPMD each node runs one process that sees all its devices; launch with {flag('spmd')}"
+            )
+        return (
+            f"{cause}: the workers do not form one XLA world; check that PJRT_DEVICE and the "
+            f"device's topology variables are those the launcher set"
+        )
     return None
 
 

@@ -75,8 +75,10 @@ def call(payload: str, rank: int) -> None:
     try:
         write_whole(result_file(payload, rank), value)
     except (pickle.PicklingError, TypeError, AttributeError, RecursionError) as error:
-        raise TypeError(f"rank {rank} returned a {type(value).__module__}.{type(value).__qualname__}, "
-                        f"which cannot be pickled: {error}") from None
+        raise TypeError(
+            f"rank {rank} returned a {type(value).__module__}.{type(value).__qualname__}, "
+            f"which cannot be pickled: {error}"
+        ) from None
 
 
 def main() -> None:

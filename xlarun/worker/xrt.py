@@ -43,8 +43,7 @@ _exchange_store: torch.distributed.Store | None = None
 
 def format_xrt_workers(addresses: Sequence[str]) -> str:
     """``XRT_WORKERS`` from the ``host:port`` gRPC address of each rank, in rank order."""
-    return "|".join(f"{XRT_TASK_JOB}:{rank};grpc://{address}"
-                    for rank, address in enumerate(addresses))
+    return "|".join(f"{XRT_TASK_JOB}:{rank};grpc://{address}" for rank, address in enumerate(addresses))
 
 
 def format_xrt_device_map(world_size: int, device: str) -> str:
@@ -55,10 +54,12 @@ def format_xrt_device_map(world_size: int, device: str) -> str:
     """
     kind = device.upper()
     if kind not in XRT_DEVICE_KINDS.values():
-        raise ValueError(f"XRT device map is built for {' and '.join(XRT_DEVICE_KINDS.values())} workers, "
-                         f"not {device!r}")
-    return "|".join(f"{kind}:{task};/job:{XRT_TASK_JOB}/replica:0/task:{task}/device:XLA_{kind}:0"
-                    for task in range(world_size))
+        raise ValueError(
+            f"XRT device map is built for {' and '.join(XRT_DEVICE_KINDS.values())} workers, not {device!r}"
+        )
+    return "|".join(
+        f"{kind}:{task};/job:{XRT_TASK_JOB}/replica:0/task:{task}/device:XLA_{kind}:0" for task in range(world_size)
+    )
 
 
 def device_kind(multiprocessing_device: str) -> str:
@@ -66,8 +67,9 @@ def device_kind(multiprocessing_device: str) -> str:
     return multiprocessing_device.split(":", 1)[0].upper()
 
 
-def exchange_xrt_topology(store: torch.distributed.Store, rank: int, world_size: int,
-                          host: str, port: int, device: str) -> dict[str, str]:
+def exchange_xrt_topology(
+    store: torch.distributed.Store, rank: int, world_size: int, host: str, port: int, device: str
+) -> dict[str, str]:
     """Publish this worker's gRPC address and return ``XRT_WORKERS`` and ``XRT_DEVICE_MAP``.
 
     Every rank of the world must call this with the same store, ``world_size`` and
@@ -121,24 +123,35 @@ def configure_xrt_worker(environ: MutableMapping[str, str] | None = None) -> tor
     master_port = int(environ["MASTER_PORT"])
     rank = int(environ["RANK"])
     world_size = int(environ["WORLD_SIZE"])
-    store = _open_store(master_addr, master_port, rank, world_size,
-                        agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
-                        restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")))
+    store = _open_store(
+        master_addr,
+        master_port,
+        rank,
+        world_size,
+        agent_store=environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True",
+        restart_count=int(environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+    )
     _exchange_store = store
 
     import torch.distributed as dist
 
     host = address_facing(master_addr, master_port)
-    lists = exchange_xrt_topology(dist.PrefixStore(KEY_PREFIX, store), rank, world_size,
-                                  host, free_port(host),
-                                  device_kind(environ["XRT_MULTI_PROCESSING_DEVICE"]))
+    lists = exchange_xrt_topology(
+        dist.PrefixStore(KEY_PREFIX, store),
+        rank,
+        world_size,
+        host,
+        free_port(host),
+        device_kind(environ["XRT_MULTI_PROCESSING_DEVICE"]),
+    )
     for name, value in lists.items():
         environ.setdefault(name, value)
     return store
 
 
-def _open_store(master_addr: str, master_port: int, rank: int, world_size: int, *,
-                agent_store: bool, restart_count: int) -> torch.distributed.Store:
+def _open_store(
+    master_addr: str, master_port: int, rank: int, world_size: int, *, agent_store: bool, restart_count: int
+) -> torch.distributed.Store:
     import torch.distributed as dist
 
     if agent_store:
@@ -146,8 +159,7 @@ def _open_store(master_addr: str, master_port: int, rank: int, world_size: int, 
         # attempt's keys apart from a failed one's, as torch's own clients do.
         client = dist.TCPStore(master_addr, master_port, world_size, is_master=False)
         return dist.PrefixStore(f"/worker/attempt_{restart_count}", client)
-    return dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0,
-                         multi_tenant=True)
+    return dist.TCPStore(master_addr, master_port, world_size, is_master=rank == 0, multi_tenant=True)
 
 
 def _address_key(rank: int) -> str:

@@ -46,7 +46,7 @@ def _restore_path() -> None:
     if value == _HERE:
         del os.environ["PYTHONPATH"]
     elif value.startswith(_HERE + os.pathsep):
-        os.environ["PYTHONPATH"] = value[len(_HERE) + 1:]
+        os.environ["PYTHONPATH"] = value[len(_HERE) + 1 :]
     sys.path[:] = [entry for entry in sys.path if os.path.abspath(entry or os.curdir) != _HERE]
 
 
