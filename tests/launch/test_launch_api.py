@@ -180,7 +180,7 @@ def test_an_exit_and_a_kill_are_named(tmp_path: Path) -> None:
         print(json.dumps(ends))
     """,
     )
-    assert got["exit"] == [1, 3, None, 3, got["exit"][4], True] and "exited with code 3" in got["exit"][4]
+    assert got["exit"] == [1, 3, None, 3, got["exit"][4], True] and got["exit"][4].endswith(" exited with code 3")
     assert got["kill"][:4] == [1, -9, "SIGKILL", 137] and "killed by SIGKILL" in got["kill"][4]
 
 

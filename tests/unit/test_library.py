@@ -3,6 +3,7 @@ travel by reference, and that importing xlarun loads no launcher until launch is
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import subprocess
@@ -11,8 +12,9 @@ import sys
 import pytest
 from helpers import REPO
 
-from xlarun.cli.library import given_options, importable_by_name, is_descriptor
+from xlarun.cli.library import describe_failure, given_options, importable_by_name, is_descriptor
 from xlarun.cli.options import read_options
+from xlarun.failures import FailureRecord
 
 
 def test_options_are_the_command_lines_text() -> None:
@@ -85,3 +87,25 @@ def test_importing_xlarun_loads_no_launcher_until_launch_is_touched() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     ).stdout.split()
     assert loaded == ["[]", "True", "False"]
+
+
+@pytest.mark.parametrize(
+    ("traceback", "message"),
+    [
+        (None, "rank 1 on h1 exited with code 3"),
+        (
+            "Traceback (most recent call last):\n  ...\nValueError: bad\n",
+            "rank 1 on h1 exited with code 3: ValueError: bad",
+        ),
+        ("loading\nout of disk", "rank 1 on h1 exited with code 3: out of disk"),
+    ],
+)
+def test_a_failure_is_told_by_what_the_worker_left_and_nothing_where_it_left_nothing(
+    traceback: str | None, message: str
+) -> None:
+    """A worker that ended with ``os._exit(3)`` and wrote nothing has no traceback: its record holds the
+    report's placeholder, which the one line leaves out."""
+    record = FailureRecord(rank=1, local_rank=1, returncode=3, pid=4711, time=0.0, host="h1")
+    if traceback is not None:
+        record = dataclasses.replace(record, traceback=traceback)
+    assert describe_failure(record) == message

@@ -57,7 +57,7 @@ from xlarun.cli.rules import check_hosts
 from xlarun.console import flush_consoles
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.failures import FailureRecord
+from xlarun.failures import NOT_AVAILABLE, FailureRecord
 from xlarun.supervision.end import RootCause, RunEnd
 from xlarun.worker.call import exception_file, result_file
 
@@ -475,6 +475,9 @@ def describe_end(end: RunEnd) -> str:
 
 
 def describe_failure(record: FailureRecord) -> str:
+    """``rank 2 on h1 exited with code 1: ValueError: bad``: the last line of what the worker left (its
+    traceback, else its last stderr lines) follows where it left anything."""
     how = f"was killed by {record.signal}" if record.signal else f"exited with code {record.returncode}"
-    first = record.traceback.strip().splitlines()[-1:] if record.traceback else []
-    return f"rank {record.rank} on {record.host} {how}" + (f": {first[0]}" if first else "")
+    left = "" if record.traceback == NOT_AVAILABLE else record.traceback
+    last = left.strip().splitlines()[-1:]
+    return f"rank {record.rank} on {record.host} {how}" + (f": {last[0]}" if last else "")

@@ -35,15 +35,35 @@ DECIDED_AT_RENDEZVOUS = "<decided at rendezvous>"
 REDACTED = "<redacted>"
 """What the plan shows in place of the value of a variable whose name looks secret (:func:`looks_secret`)."""
 
-SECRET_WORDS = frozenset({"TOKEN", "SECRET", "PASSWORD", "PASSWD", "KEY", "CREDENTIAL", "CREDENTIALS"})
-"""A variable's name looks secret when one of its words (split at ``_``, ``-`` and ``.``, any case) is
-one of these: ``KUBEFLOW_TRAINER_STATUS_TOKEN``, ``HF_TOKEN``, ``AWS_SECRET_ACCESS_KEY``, but not
-``KEYBOARD`` or ``TOKENIZERS_PARALLELISM``. A plan is printed, pasted and logged, so such a value is
-never shown, even where (as Kubeflow Trainer's token) it is the path of a file that holds the secret."""
+SECRET_ENDINGS = (
+    "TOKEN",
+    "SECRET",
+    "PASSWORD",
+    "PASSWD",
+    "CREDENTIAL",
+    "CREDENTIALS",
+    "APIKEY",
+    "ACCESSKEY",
+    "PRIVATEKEY",
+    "SECRETKEY",
+)
+"""A word of a variable's name (split at ``_``, ``-`` and ``.``, any case) that ends so looks secret, alone or
+run together with what qualifies it: ``HF_TOKEN``, ``AWS_SESSIONTOKEN``, ``PGPASSWORD``, ``OPENAI_APIKEY``,
+``awsSessionToken``, but not ``TOKENIZERS_PARALLELISM``."""
+
+SECRET_WORDS = ("KEY", "PAT", "AUTH")
+"""Words that look secret only standing alone (``AWS_SECRET_ACCESS_KEY``, ``GITHUB_PAT``, ``AUTH``): at the
+end of a longer word they are mostly ordinary (``HOTKEY``, ``MONKEY_PATCH``, ``OAUTH_CLIENT_ID``).
+
+A plan is printed, pasted and logged, so the value of a variable with such a word is never shown, even where
+(as Kubeflow Trainer's token) it is the path of a file that holds the secret."""
 
 
 def looks_secret(name: str) -> bool:
-    return not SECRET_WORDS.isdisjoint(re.split(r"[_.-]", name.upper()))
+    """Whether a variable's value is kept out of every plan: a word of its name is one of
+    :data:`SECRET_WORDS` or ends with one of :data:`SECRET_ENDINGS`."""
+    words = re.split(r"[_.-]", name.upper())
+    return any(word in SECRET_WORDS or word.endswith(SECRET_ENDINGS) for word in words)
 
 
 def shown_value(name: str, value: str) -> str:
