@@ -226,6 +226,26 @@ def test_a_schedulers_number_of_over_4300_digits_is_refused(
     assert_refused(tmp_path, "--cluster", kind, "--master-addr", "127.0.0.1", env=env, names=variable)
 
 
+@pytest.mark.parametrize(
+    "changes, names",
+    [
+        ({"MEGASCALE_NUM_SLICES": "0"}, "MEGASCALE_NUM_SLICES=0 is no slice count"),
+        ({"MEGASCALE_NUM_SLICES": None, "MEGASCALE_SLICE_ID": "1"}, "MEGASCALE_SLICE_ID=1 is set without"),
+        (
+            {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1", "MEGASCALE_COORDINATOR_ADDRESS": "a b;c:8080"},
+            "MEGASCALE_COORDINATOR_ADDRESS='a b;c:8080' names no host",
+        ),
+        ({"MEGASCALE_NUM_SLICES": "1000000000", "MEGASCALE_SLICE_ID": "999999999"}, "MEGASCALE_NUM_SLICES=1000000000"),
+    ],
+    ids=["no-slices", "slice-id-without-count", "coordinator-no-host", "a-billion-slices"],
+)
+def test_multislice_settings_no_job_has_are_refused(
+    tmp_path: Path, changes: Mapping[str, str | None], names: str
+) -> None:
+    env = {name: value for name, value in {**GKE_WORKER, **changes}.items() if value is not None}
+    assert_refused(tmp_path, "--cluster", "gke-tpu", "--master-addr", "127.0.0.1", env=env, names=names)
+
+
 def test_a_run_id_from_pmix_namespace_is_refused_naming_the_variable(tmp_path: Path) -> None:
     env = {**MPI_RANK, "PMIX_NAMESPACE": "../../escape"}
     assert_refused(

@@ -491,7 +491,8 @@ def test_torch_xla_tpu_workers_get_the_megascale_settings_with_node_0_as_coordin
     "environ, expected",
     [
         ({}, None),
-        ({"MEGASCALE_NUM_SLICES": "1", "MEGASCALE_SLICE_ID": "7"}, None),
+        ({"MEGASCALE_NUM_SLICES": "1", "MEGASCALE_SLICE_ID": "0"}, None),
+        ({"MEGASCALE_SLICE_ID": "0"}, None),
         (
             {"MEGASCALE_NUM_SLICES": "3", "MEGASCALE_SLICE_ID": "2", "MEGASCALE_COORDINATOR_ADDRESS": "c:1"},
             megascale.MegaScale(slices=3, slice_id=2, coordinator="c:1"),
@@ -524,8 +525,35 @@ def test_megascale_settings_are_read_for_several_slices_only(environ, expected):
             {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "SKIP_MEGASCALE_PJRT_CLIENT": "true"},
             "SKIP_MEGASCALE_PJRT_CLIENT is set",
         ),
+        ({"MEGASCALE_NUM_SLICES": "0", "MEGASCALE_SLICE_ID": "0"}, "MEGASCALE_NUM_SLICES=0 is no slice count"),
+        ({"MEGASCALE_NUM_SLICES": "00"}, "MEGASCALE_NUM_SLICES=0 is no slice count"),
+        ({"MEGASCALE_SLICE_ID": "1"}, "MEGASCALE_SLICE_ID=1 is set without MEGASCALE_NUM_SLICES"),
+        ({"MEGASCALE_NUM_SLICES": "1", "MEGASCALE_SLICE_ID": "7"}, "MEGASCALE_SLICE_ID=7 is outside"),
+        (
+            {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": "a b;c:8080"},
+            "MEGASCALE_COORDINATOR_ADDRESS='a b;c:8080' names no host",
+        ),
+        (
+            {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "0", "MEGASCALE_COORDINATOR_ADDRESS": ":8080"},
+            "MEGASCALE_COORDINATOR_ADDRESS=':8080' names no host",
+        ),
+        (
+            {"MEGASCALE_NUM_SLICES": "1000000000", "MEGASCALE_SLICE_ID": "999999999"},
+            "MEGASCALE_NUM_SLICES=1000000000 is more slices than any job has",
+        ),
     ],
 )
 def test_megascale_settings_libtpu_cannot_join_are_refused(environ, message):
     with pytest.raises(UsageError, match="^" + re.escape(message)):
         megascale.read_megascale(environ)
+
+
+@pytest.mark.parametrize(
+    "coordinator",
+    ["coord.svc.cluster.local:8080", "llama-slice-0-0.llama:8081", "10.0.0.3:8080", "[fe80::1]:8080", "c_1:1"],
+)
+def test_a_coordinator_named_by_host_or_address_is_taken(coordinator):
+    environ = {"MEGASCALE_NUM_SLICES": "2", "MEGASCALE_SLICE_ID": "1", "MEGASCALE_COORDINATOR_ADDRESS": coordinator}
+    assert megascale.read_megascale(environ) == megascale.MegaScale(slices=2, slice_id=1, coordinator=coordinator)
+    most = {**environ, "MEGASCALE_NUM_SLICES": str(megascale.MAX_SLICES), "MEGASCALE_SLICE_ID": "0"}
+    assert megascale.read_megascale(most) == megascale.MegaScale(megascale.MAX_SLICES, 0, coordinator)

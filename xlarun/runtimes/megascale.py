@@ -23,6 +23,7 @@ Facts (``../shared/reference/hosts-notebooks-events.md`` §8; torch_tpu 0.2.0's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -39,6 +40,14 @@ NAMES = (NUM_SLICES, SLICE_ID, COORDINATOR, PORT)
 
 DEFAULT_PORT = 8080
 """The coordinator's port where nothing gives one: torch_tpu's message ("e.g. <MASTER_ADDR>:8080")."""
+
+MAX_SLICES = 65536
+"""The most slices a job is planned with: more than the chips of the largest multislice run told of
+(50,000+ TPU v5e chips, Google Cloud, November 2023), each of whose slices had many. A count past it is a
+typo or a wrong variable, and planning with it would give node ranks no job has."""
+
+_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9_])?")
+"""A host name or an IPv4 address, as a coordinator names its host: letters, digits, ``.``, ``-``, ``_``."""
 
 
 @dataclass(frozen=True)
@@ -90,12 +99,32 @@ def split_port(address: str) -> tuple[str, int | None]:
 def read_megascale(environ: Mapping[str, str]) -> MegaScale | None:
     """The job's MegaScale settings in ``environ``; None for one slice (``MEGASCALE_NUM_SLICES`` unset or 1).
 
-    Refuses (:class:`PlanError`) a slice count or slice id that is not a whole number, a slice id outside
-    ``0..slices-1``, a coordinator without a port, a ``MEGASCALE_PORT`` that is not a TCP port, and
-    ``SKIP_MEGASCALE_PJRT_CLIENT`` set.
+    Refuses (:class:`PlanError`) a slice count or slice id that is not a whole number, a slice count of 0
+    or over :data:`MAX_SLICES`, a slice id outside ``0..slices-1`` (the count unset is one slice, so a slice
+    id above 0 without it would take slice 0's node ranks), a coordinator that names no host or has no
+    port, a ``MEGASCALE_PORT`` that is not a TCP port, and ``SKIP_MEGASCALE_PJRT_CLIENT`` set.
     """
-    slices = _whole_number(environ, NUM_SLICES)
-    if slices is None or slices <= 1:
+    given_slices = _whole_number(environ, NUM_SLICES)
+    if given_slices == 0:
+        raise PlanError(f"{NUM_SLICES}=0 is no slice count: a job has one slice or more")
+    if given_slices is not None and given_slices > MAX_SLICES:
+        raise PlanError(
+            f"{NUM_SLICES}={given_slices} is more slices than any job has (at most {MAX_SLICES}): "
+            "give every host the job's number of slices"
+        )
+    slices = 1 if given_slices is None else given_slices
+    slice_id = _whole_number(environ, SLICE_ID)
+    if given_slices is None and slice_id:
+        raise PlanError(
+            f"{SLICE_ID}={slice_id} is set without {NUM_SLICES}, so this host's slice would take slice "
+            f"0's node ranks: give every host of the job {NUM_SLICES}, the number of slices"
+        )
+    if slice_id is not None and slice_id >= slices:
+        raise PlanError(
+            f"{SLICE_ID}={slice_id} is outside the job's slices: it numbers this host's slice among "
+            f"the {NUM_SLICES}={slices} slices of the job, 0 to {slices - 1}"
+        )
+    if slices == 1:
         return None
     if environ.get(SKIP_CLIENT):
         raise PlanError(
@@ -103,11 +132,9 @@ def read_megascale(environ: Mapping[str, str]) -> MegaScale | None:
             f"the {slices} would report its index (TorchTPU sets it itself after creating its "
             f"client): unset it"
         )
-    slice_id = _whole_number(environ, SLICE_ID)
-    if slice_id is None or slice_id >= slices:
-        said = " is unset" if slice_id is None else f"={slice_id} is outside"
+    if slice_id is None:
         raise PlanError(
-            f"{SLICE_ID}{said}: it numbers this host's slice among the {NUM_SLICES}={slices} "
+            f"{SLICE_ID} is unset: it numbers this host's slice among the {NUM_SLICES}={slices} "
             f"slices of the job, 0 to {slices - 1}"
         )
     port = _whole_number(environ, PORT)
@@ -116,6 +143,11 @@ def read_megascale(environ: Mapping[str, str]) -> MegaScale | None:
     coordinator = environ.get(COORDINATOR, "").strip() or None
     if coordinator is not None:
         host, coordinator_port = split_port(coordinator)
+        if not _names_a_host(host):
+            raise PlanError(
+                f"{COORDINATOR}={coordinator!r} names no host: give the coordinator's host name or "
+                f"address and its port, e.g. {host_port('coordinator', DEFAULT_PORT)}"
+            )
         if coordinator_port is not None and not 1 <= coordinator_port <= 65535:
             raise PlanError(f"{COORDINATOR}={coordinator!r} has port {coordinator_port}, not a TCP port (1-65535)")
         if coordinator_port is None:
@@ -125,6 +157,19 @@ def read_megascale(environ: Mapping[str, str]) -> MegaScale | None:
                 f"give it one, e.g. {host_port(host, DEFAULT_PORT)}"
             )
     return MegaScale(slices=slices, slice_id=slice_id, coordinator=coordinator, port=port)
+
+
+def _names_a_host(host: str) -> bool:
+    """Whether ``host`` is a host name or an IP address (IPv6 without its brackets)."""
+    if _HOST_NAME.fullmatch(host):
+        return True
+    import ipaddress  # only for what is no host name: an IPv6 address
+
+    try:
+        ipaddress.IPv6Address(host)
+    except ValueError:
+        return False
+    return True
 
 
 def _whole_number(environ: Mapping[str, str], name: str) -> int | None:
