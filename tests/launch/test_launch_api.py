@@ -4,6 +4,7 @@ launches real workers and prints what it got back as JSON."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -13,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from helpers import REPO, TESTS, clean_env, is_alive, wait_for
 
 CALLER_TIMEOUT_S = 120
@@ -279,6 +281,55 @@ def test_bad_options_are_one_line_value_errors(tmp_path: Path) -> None:
     assert all("\n" not in line for line in got)
 
 
+def test_every_refused_input_is_a_one_line_value_error_and_leaves_nothing(tmp_path: Path) -> None:
+    """What launch() refuses, of its own or by the command line's rules, is a ValueError (docs/python.md),
+    before any worker starts and with no private directory left behind."""
+    private = tmp_path / "tmp"
+    private.mkdir()
+    got = run_caller(
+        tmp_path,
+        f"""
+        import tempfile
+        tempfile.tempdir = {str(private)!r}
+
+        def rank():
+            return 0
+
+        refused = {{}}
+        for name, target, options in [
+            ("dry_run", rank, {{"dry_run": True}}),
+            ("module", rank, {{"module": True}}),
+            ("no_python", rank, {{"no_python": True}}),
+            ("run_path", rank, {{"run_path": True}}),
+            ("script_list", ["w.py", "--epochs", "3"], {{}}),
+            ("empty_list", [], {{}}),
+            ("module_without_name", ["-m"], {{}}),
+            ("number", 42, {{}}),
+            ("none", None, {{}}),
+            ("bad_value", rank, {{"nproc_per_node": "x"}}),
+            ("unknown_option", rank, {{"nproc_pre_node": 2}}),
+            ("switch_given_text", rank, {{"standalone": "yes"}}),
+            ("host_twice", "w.py", {{"hosts": ["127.0.0.2", "127.0.0.2"]}}),
+        ]:
+            try:
+                xlarun.launch(target, device="cpu", **options)
+                refused[name] = "launched"
+            except Exception as error:
+                refused[name] = [type(error).__name__, isinstance(error, ValueError), str(error)]
+        print(json.dumps(refused))
+    """,
+    )
+    assert {name: (kind, is_value_error) for name, (kind, is_value_error, _) in got.items()} == {
+        name: ("ValueError", True) for name in got
+    }, got
+    assert all(message and "\n" not in message for _, _, message in got.values()), got
+    assert got["dry_run"][2].startswith("dry_run plans a command line")
+    assert got["module"][2].startswith("module= says how a script runs")
+    assert "neither a function, a script's path nor ['-m', module, ...]" in got["script_list"][2]
+    assert got["bad_value"][2].startswith("--nproc-per-node='x' is invalid")
+    assert os.listdir(private) == []
+
+
 def test_a_job_on_several_hosts_returns_every_ranks_value_and_a_failure_names_its_host_and_rank(tmp_path: Path) -> None:
     """Each host's agent starts on this machine through ``env -i ... sh -c`` (no PYTHONPATH: the installed
     xlarun runs there); the payload and the values travel through the working directory the hosts share."""
@@ -355,10 +406,11 @@ def test_a_job_on_several_hosts_lists_every_failed_worker_with_its_host(tmp_path
 
 
 def start_sleepers(
-    tmp_path: Path, options: str = "", ignore_term: bool = False
+    tmp_path: Path, options: str = "", ignore_term: bool = False, temporary: Path | None = None
 ) -> tuple[subprocess.Popen[str], list[int]]:
     """A caller whose launch's two workers sleep (SIGTERM and SIGINT, which the launcher passes on, ignored if asked), and their pids once both run;
-    an interrupt of the launch prints ``interrupted``, and a second launch's values follow."""
+    an interrupt of the launch prints ``interrupted``, and a second launch's values follow. ``temporary``: the
+    caller's temporary directory (``TMPDIR``), where its launch keeps its private directory."""
     pids = tmp_path / "pids"
     pids.mkdir()
     script = write_caller(
@@ -386,7 +438,7 @@ def start_sleepers(
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env=caller_env(),
+        env={**caller_env(), **({} if temporary is None else {"TMPDIR": str(temporary)})},
         cwd=tmp_path,
     )
     wait_for(
@@ -408,6 +460,26 @@ def test_an_interrupt_stops_every_worker_and_the_next_launch_works(tmp_path: Pat
             caller.kill()
     assert caller.returncode == 0, err
     assert out.splitlines()[-2:] == ["interrupted", "[0, 1]"]
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
+def test_a_caller_stopped_by_a_signal_ends_by_it_with_its_private_directory_gone(
+    tmp_path: Path, stop: signal.Signals
+) -> None:
+    temporary = tmp_path / "tmp"
+    temporary.mkdir()
+    caller, workers = start_sleepers(tmp_path, temporary=temporary)
+    try:
+        [private] = temporary.glob("xlarun-launch-*")  # the launch's own: the call's payload, the summary to come
+        assert (private / "call").exists()
+        caller.send_signal(stop)
+        caller.communicate(timeout=CALLER_TIMEOUT_S)
+    finally:
+        if caller.poll() is None:
+            caller.kill()
+    assert caller.returncode == -stop  # the signal raised again under the caller's own disposition
+    assert not any(is_alive(pid) for pid in workers)
+    assert not private.exists()
 
 
 def test_output_reaches_a_sys_stdout_that_is_no_descriptor(tmp_path: Path) -> None:

@@ -30,8 +30,9 @@ rather than descriptors 1 and 2 (a notebook's), through :class:`StreamPump`.
 
 The stop signals (Ctrl-C, a notebook's interrupt: SIGINT) tear the workers down as under the
 command (SIGTERM, the grace period, SIGKILL; a second one skips the grace); once every worker is
-gone the signal is raised again in the caller with its own handlers back, so a SIGINT is a
-:class:`KeyboardInterrupt`. Signal handlers are the main thread's, so ``launch`` runs there only.
+gone and the private directory removed, the signal is raised again in the caller with its own handlers
+back, so a SIGINT is a :class:`KeyboardInterrupt` and a SIGTERM or SIGHUP under their default ends the
+caller with nothing of the launch left behind. Signal handlers are the main thread's, so ``launch`` runs there only.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NoReturn
 
 from xlarun.cli.launch import prepare_launch, run_launch
 from xlarun.cli.options import OPTIONS_BY_DEST, OptionValues, read_options
@@ -57,7 +58,7 @@ from xlarun.cli.rules import check_hosts
 from xlarun.console import flush_consoles
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.failures import NOT_AVAILABLE, FailureRecord
+from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
 from xlarun.supervision.end import RootCause, RunEnd
 from xlarun.worker.call import exception_file, result_file
 
@@ -117,16 +118,31 @@ def launch(
     the command line's options by their Python names (``nproc_per_node=4``, ``device="cpu"``,
     ``standalone=True``, ``max_restarts=2``); a list is given comma-joined, a dict as ``key=value``
     pairs. Raises :class:`WorkerFailed` when the run fails (with ``reraise=True``, the root cause's
-    own exception where it came back), :class:`ValueError` for a refused option, :class:`RuntimeError`
+    own exception where it came back), :class:`ValueError` for a refused target or option, :class:`RuntimeError`
     where the launcher cannot go on (another process holds the device, ...).
     """
     refuse_caller()
     given = given_options(options)
-    with ExitStack() as redirected:
-        for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
-            if not is_descriptor(stream, fd):
-                redirected.enter_context(StreamPump(fd, stream))
-        return launch_target(target, args, given, reraise)
+    try:
+        with ExitStack() as redirected:
+            for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
+                if not is_descriptor(stream, fd):
+                    redirected.enter_context(StreamPump(fd, stream))
+            return launch_target(target, args, given, reraise)
+    except StoppedBySignal as stopped:
+        number = stopped.number
+    # Outside the try: a KeyboardInterrupt raised here is the caller's own, with no launch exception before it.
+    raise_signal_again(number)
+
+
+class StoppedBySignal(Exception):
+    """The launch took a stop signal and its workers are gone: raised through the private directory's clean-up
+    and the output's pumps, so that the signal is delivered again (:func:`raise_signal_again`) only once
+    nothing of the launch is left, since under SIGTERM's or SIGHUP's default disposition the caller ends there."""
+
+    def __init__(self, number: int):
+        super().__init__(signal_name(number))
+        self.number = number
 
 
 def launch_target(
@@ -143,10 +159,10 @@ def launch_target(
         script_args: tuple[str, ...]
         if callable(target):
             if given.get("dry_run") == "1":
-                raise UsageError("dry_run plans a command line: run xlarun --dry-run with the script instead")
+                raise ValueError("dry_run plans a command line: run xlarun --dry-run with the script instead")
             for name in SCRIPT_ONLY_OPTIONS:
                 if given.pop(name, "0") != "0":
-                    raise UsageError(f"{name}= says how a script runs; {target!r} is a function")
+                    raise ValueError(f"{name}= says how a script runs; {target!r} is a function")
             given["module"] = "1"
         else:
             script, script_args = script_of(target, args, given)
@@ -170,7 +186,7 @@ def launch_target(
         end = run(values, script, script_args, environ)
         summary = read_summary(given["summary_file"])
         if end.launcher_signal is not None:
-            raise_signal_again(end.launcher_signal)
+            raise StoppedBySignal(end.launcher_signal)
         if end.exit_code != 0:
             raise failure(end, summary, payload, reraise)
         return LaunchResult(values=values_of([summary], payload), exit_code=end.exit_code, summary=summary)
@@ -286,11 +302,11 @@ def script_of(target: Any, args: tuple[Any, ...], given: dict[str, str]) -> tupl
     """A script target's script and arguments; ``["-m", module, ...]`` sets ``module``."""
     if isinstance(target, (str, os.PathLike)):
         return os.fspath(target), tuple(str(arg) for arg in args)
-    command = [str(part) for part in target]
+    command = [str(part) for part in target] if isinstance(target, Sequence) else []
     if len(command) >= 2 and command[0] == "-m":
         given["module"] = "1"
         return command[1], (*command[2:], *(str(arg) for arg in args))
-    raise UsageError(f"the target {target!r} is neither a function, a script's path nor ['-m', module, ...]")
+    raise ValueError(f"the target {target!r} is neither a function, a script's path nor ['-m', module, ...]")
 
 
 def write_payload(path: str, function: Callable[..., Any], args: tuple[Any, ...]) -> None:
@@ -374,7 +390,7 @@ def run_hosts(
 def hosts_result(exit_code: int, summary: dict[str, Any], payload: str | None, reraise: bool) -> LaunchResult:
     """A job on several hosts as :func:`launch` returns or raises it, from the fan-out's summary."""
     if summary.get("result") == "signaled":
-        raise_signal_again(exit_code - 128)
+        raise StoppedBySignal(exit_code - 128)
     node_summaries = [host.get("summary") or {} for host in summary.get("hosts", [])]
     if exit_code == 0:
         return LaunchResult(values=values_of(node_summaries, payload), exit_code=exit_code, summary=summary)
@@ -422,9 +438,9 @@ def read_summary(path: str) -> dict[str, Any]:
     return summary
 
 
-def raise_signal_again(number: int) -> None:
-    """The stop signal the launch took, delivered again now that its workers are gone and the
-    caller's own handlers are back: Python's SIGINT handler raises :class:`KeyboardInterrupt`."""
+def raise_signal_again(number: int) -> NoReturn:
+    """The stop signal the launch took, delivered again now that its workers and its private directory are
+    gone and the caller's own handlers are back: Python's SIGINT handler raises :class:`KeyboardInterrupt`."""
     signal.raise_signal(number)
     if number == signal.SIGINT:
         raise KeyboardInterrupt
