@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import stat
 import tempfile
 import threading
 import time
@@ -128,6 +129,25 @@ def test_metrics_file_is_a_whole_exposition_at_every_read(tmp_path: Path) -> Non
     assert last[("xlarun_worker_peak_rss_bytes", "1")] > 1 << 20
     assert last[("xlarun_last_event_timestamp_seconds", None)] > 0
     assert os.listdir(metrics.parent) == ["xlarun.prom"]  # no temporary file left behind
+
+
+def test_metrics_through_a_link_or_into_dev_null_leave_the_link_and_the_device(tmp_path: Path) -> None:
+    """A link in node_exporter's directory keeps pointing at the file it names, which holds the run's last
+    state; /dev/null stays the device (a real run, as root where the suite runs as root)."""
+    parser = pytest.importorskip("prometheus_client.parser")
+    kept, link = tmp_path / "kept" / "xlarun.prom", tmp_path / "textfile" / "xlarun.prom"
+    kept.parent.mkdir()
+    link.parent.mkdir()
+    link.symlink_to(kept)
+    null = os.stat(os.devnull)
+    for path in (link, os.devnull):
+        run = run_xlarun("--metrics-textfile", path, "--nproc-per-node", "1", worker("faults.py"), tmp_path, "exit:0:0")
+        assert run.returncode == 0 and "dropped" not in run.stderr, run.stderr
+    assert link.is_symlink() and os.readlink(link) == str(kept) and os.listdir(link.parent) == ["xlarun.prom"]
+    [up] = [family for family in parser.text_string_to_metric_families(kept.read_text()) if family.name == "xlarun_up"]
+    assert [sample.value for sample in up.samples] == [0]
+    after = os.stat(os.devnull)
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (null.st_ino, null.st_rdev)
 
 
 @pytest.fixture(params=["path", "abstract"])

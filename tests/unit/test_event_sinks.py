@@ -3,10 +3,12 @@ lines, the metrics file, systemd's notifications."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import signal
 import socket
+import stat
 import tempfile
 from pathlib import Path
 
@@ -233,3 +235,82 @@ def test_a_drop_line_names_each_sink() -> None:
     assert describe(MetricsTextfile("m.prom")) == "the metrics file m.prom"
     assert describe(SystemdNotify("/run/notify", 1)) == "systemd's NOTIFY_SOCKET"
     assert describe(TorchrunConsoleSink(IDENTITY, print)) == "--event-log-handler console"
+
+
+STARTED = Event(
+    name="worker.started",
+    time=5.0,
+    seq=1,
+    attempt=0,
+    attributes={"rank": 0, "local_rank": 0},
+    run_id="job",
+    node_rank=0,
+    host="h",
+)
+
+
+def exposition_in_a_file(tmp_path: Path) -> str:
+    """What a regular metrics file holds after :data:`STARTED`."""
+    plain = tmp_path / "plain" / "m.prom"
+    MetricsTextfile(str(plain)).handle(STARTED)
+    return plain.read_text()
+
+
+def test_metrics_through_a_link_replace_the_file_it_names_and_the_link_stays(tmp_path: Path) -> None:
+    """A link in node_exporter's directory to a file elsewhere, and one to a file not there yet."""
+    elsewhere, textfile = tmp_path / "elsewhere", tmp_path / "textfile"
+    elsewhere.mkdir()
+    textfile.mkdir()
+    (elsewhere / "old.prom").write_text("# old\n")
+    for name in ("old.prom", "new.prom"):
+        (textfile / name).symlink_to(elsewhere / name)
+        MetricsTextfile(str(textfile / name)).handle(STARTED)
+        assert (textfile / name).is_symlink() and os.readlink(textfile / name) == str(elsewhere / name)
+        assert (elsewhere / name).read_text() == exposition_in_a_file(tmp_path)
+    assert sorted(os.listdir(elsewhere)) == ["new.prom", "old.prom"]  # no temporary file left beside them
+    assert sorted(os.listdir(textfile)) == ["new.prom", "old.prom"]
+
+
+def test_metrics_into_a_fifo_are_each_exposition_whole_to_its_reader_and_the_fifo_stays(tmp_path: Path) -> None:
+    path = tmp_path / "m.fifo"
+    os.mkfifo(path)
+    sink = MetricsTextfile(str(path))
+    with pytest.raises(OSError) as nobody:  # no reader yet: that event is dropped, never waited for
+        sink.handle(STARTED)
+    assert nobody.value.errno == errno.ENXIO and stat.S_ISFIFO(os.stat(path).st_mode)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    try:
+        sink.handle(STARTED)
+        read = b""
+        while chunk := os.read(reader, 1 << 16):  # to the end: each exposition is a writer's whole output
+            read += chunk
+    finally:
+        os.close(reader)
+    assert read.decode() == exposition_in_a_file(tmp_path)
+    assert stat.S_ISFIFO(os.stat(path).st_mode) and sorted(os.listdir(tmp_path)) == ["m.fifo", "plain"]
+
+
+def test_metrics_into_dev_null_leave_it_the_device_it_is() -> None:
+    before = os.stat("/dev/null")
+    MetricsTextfile("/dev/null").handle(STARTED)
+    after = os.stat("/dev/null")
+    assert stat.S_ISCHR(after.st_mode) and (after.st_ino, after.st_rdev) == (before.st_ino, before.st_rdev)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making device nodes (mknod) and writing beside them needs root")
+@pytest.mark.parametrize("device, minor", [("null", 3), ("full", 7)])
+def test_metrics_into_a_device_node_write_it_in_place(tmp_path: Path, device: str, minor: int) -> None:
+    """Nodes of the memory devices /dev/null (1, 3) and /dev/full (1, 7), made in a directory root may write
+    in, as /dev is to root: the node is written, never replaced with a file. /dev/full refuses the write
+    (ENOSPC): the event is dropped."""
+    path = tmp_path / device
+    os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(1, minor))
+    sink = MetricsTextfile(str(path))
+    if device == "full":
+        with pytest.raises(OSError) as full:
+            sink.handle(STARTED)
+        assert full.value.errno == errno.ENOSPC
+    else:
+        sink.handle(STARTED)
+    assert stat.S_ISCHR(os.stat(path).st_mode) and os.stat(path).st_rdev == os.makedev(1, minor)
+    assert os.listdir(tmp_path) == [device]

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import array
+import errno
+import fcntl
 import json
 import os
 import subprocess
 import sys
+import termios
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import REPO
+from helpers import REPO, wait_for
 
 from xlarun.supervision.eventlog import JsonLinesSink, line_of
 from xlarun.supervision.events import NO_EVENTS, QUEUE_SIZE, Event, EventBus, trace_id_of
@@ -200,3 +205,120 @@ def test_a_fifo_nobody_reads_is_opened_without_waiting_and_each_event_fails_fast
 def test_a_path_that_can_never_take_the_log_is_refused_at_open(tmp_path: Path) -> None:
     with pytest.raises(OSError):
         JsonLinesSink.open(str(tmp_path / "missing" / "ev.jsonl"))
+
+
+def fill(sink: JsonLinesSink) -> None:
+    """Events into ``sink``'s FIFO until its reader, which reads nothing, leaves no room for the next."""
+    with pytest.raises(BlockingIOError):
+        for rank in range(1 << 20):
+            sink.handle(event(rank=rank))
+
+
+def read_all(reader: int) -> bytes:
+    """What the FIFO holds now (``reader`` is open without waiting)."""
+    taken = b""
+    while True:
+        try:
+            chunk = os.read(reader, 1 << 16)
+        except BlockingIOError:
+            return taken
+        if not chunk:
+            return taken
+        taken += chunk
+
+
+def whole_lines(data: bytes) -> list[dict[str, object]]:
+    assert data.endswith(b"\n"), data[-200:]
+    return [json.loads(line) for line in data.splitlines()]
+
+
+@pytest.fixture
+def fifo_and_reader(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    path = tmp_path / "ev.fifo"
+    os.mkfifo(path)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    yield str(path), reader
+    os.close(reader)
+
+
+def queued(reader: int) -> int:
+    count = array.array("i", [0])
+    fcntl.ioctl(reader, termios.FIONREAD, count)
+    return count[0]
+
+
+def handle_on_a_thread(sink: JsonLinesSink, each: Event) -> tuple[threading.Thread, list[BaseException]]:
+    errors: list[BaseException] = []
+
+    def handle() -> None:
+        try:
+            sink.handle(each)
+        except OSError as error:
+            errors.append(error)
+
+    thread = threading.Thread(target=handle, daemon=True)
+    thread.start()
+    return thread, errors
+
+
+LONG = {"rank": 99, "traceback": "x" * 9000}
+"""A line over PIPE_BUF (4096 bytes) and under a pipe's 64 KiB."""
+
+
+def test_a_long_line_behind_what_a_stopped_reader_left_is_held_and_follows_whole_once_read(
+    fifo_and_reader: tuple[str, int],
+) -> None:
+    """The reader read 5,000 bytes of a full pipe and stopped: a write of the long line would put a part of
+    it where the room ends. It is held, nothing of it in the pipe, and follows the others whole once the
+    reader empties the pipe."""
+    path, reader = fifo_and_reader
+    sink = JsonLinesSink.open(path)
+    fill(sink)
+    received = [os.read(reader, 5000)]
+    before = queued(reader)
+    writing, errors = handle_on_a_thread(sink, event(**LONG))
+    writing.join(1.0)  # the chance to write a part at once, as a plain write would
+    assert writing.is_alive() and queued(reader) == before
+
+    def the_long_line_arrived() -> bool:
+        received.append(read_all(reader))
+        return b"".join(received).endswith(line_of(event(**LONG))[-100:])
+
+    wait_for(the_long_line_arrived, "the held line once the reader emptied the pipe", timeout=30)
+    writing.join(30)
+    lines = whole_lines(b"".join(received))
+    assert not writing.is_alive() and not errors
+    assert lines[-1]["attributes"] == LONG and [line["attributes"]["rank"] for line in lines[:-1]] == list(
+        range(len(lines) - 1)
+    )
+    sink.close()
+
+
+def test_a_line_longer_than_the_pipe_grows_the_pipe_and_goes_whole_to_a_reader_that_reads_nothing(
+    fifo_and_reader: tuple[str, int],
+) -> None:
+    path, reader = fifo_and_reader
+    sink = JsonLinesSink.open(path)
+    huge = event(rank=0, traceback="y" * 100_000)
+    writing, errors = handle_on_a_thread(sink, huge)
+    writing.join(30)
+    assert not writing.is_alive() and not errors
+    assert queued(reader) == len(line_of(huge))
+    assert whole_lines(read_all(reader)) == [json.loads(line_of(huge))]
+    sink.close()
+
+
+def test_a_held_line_is_dropped_when_the_reader_goes(tmp_path: Path) -> None:
+    path = tmp_path / "ev.fifo"
+    os.mkfifo(path)
+    reader = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    sink = JsonLinesSink.open(str(path))
+    fill(sink)
+    os.read(reader, 5000)
+    writing, errors = handle_on_a_thread(sink, event(**LONG))
+    writing.join(1.0)
+    assert writing.is_alive()
+    os.close(reader)
+    writing.join(30)
+    assert not writing.is_alive() and [error.errno for error in errors] == [errno.EPIPE]
+    sink.close()

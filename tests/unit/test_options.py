@@ -8,7 +8,10 @@ them for real to show that a refusal starts nothing.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -139,6 +142,27 @@ def test_missing_script_is_refused() -> None:
 def test_summary_file_below_a_file_is_refused(tmp_path: Path) -> None:
     (tmp_path / "plain").write_text("")
     assert "is not a directory" in refusal("--summary-file", str(tmp_path / "plain" / "summary.json"), "train.py")
+
+
+@pytest.fixture
+def unwritable(tmp_path: Path) -> Iterator[Path]:
+    """A directory nobody may add entries to, root included: immutable (``chattr +i``)."""
+    directory = tmp_path / "unwritable"
+    directory.mkdir()
+    os.mkfifo(directory / "m.fifo")
+    (directory / "m.prom").symlink_to(tmp_path / "m.prom")
+    if shutil.which("chattr") is None or subprocess.run(["chattr", "+i", str(directory)]).returncode != 0:
+        pytest.skip("no chattr +i here (it needs root and a file system that keeps the attribute)")
+    yield directory
+    subprocess.run(["chattr", "-i", str(directory)], check=True)
+
+
+def test_a_metrics_fifo_or_device_is_written_in_place_and_a_link_beside_its_target(unwritable: Path) -> None:
+    """The directory the path is in matters only where a file is written beside the path's file."""
+    for path in (unwritable / "m.fifo", unwritable / "m.prom", Path(os.devnull)):
+        assert read_options({"metrics_textfile": str(path)}, {})["metrics_textfile"] == str(path)
+    assert "is not writable" in refusal("--metrics-textfile", str(unwritable / "new.prom"), "train.py")
+    assert "is not writable" in refusal("--summary-file", str(unwritable / "m.fifo"), "train.py")
 
 
 def test_help_answers_without_a_command_line() -> None:

@@ -196,6 +196,16 @@ def parse_file_to_write(path: str) -> str:
     return path
 
 
+def parse_metrics_textfile(path: str) -> str:
+    """A FIFO or a device node already at ``path`` is written in place (its own permission decides when it
+    is opened, as for the event log); anything else is a file written beside the file it is, or that a
+    link names, so :func:`parse_file_to_write` checks that file's directory."""
+    if path and os.path.exists(path) and not os.path.isfile(path) and not os.path.isdir(path):
+        return path
+    parse_file_to_write(os.path.realpath(path) if path else path)
+    return path
+
+
 def parse_event_log(path: str) -> str:
     """``-``, or a path whose directory exists (the file is created, or appended to, at the start)."""
     if path == "-":
@@ -704,7 +714,7 @@ OPTIONS: tuple[Option, ...] = (
         "Keep the launch's state (up, attempt, restarts, workers running, each worker's exit code and peak "
         "RSS, duration) in this file in Prometheus' text format, replaced whole at each change: for "
         "node_exporter's textfile collector.",
-        parse_file_to_write,
+        parse_metrics_textfile,
         allowed="give a path to the .prom file to write",
         variable="XLARUN_METRICS_TEXTFILE",
         metavar="PATH",

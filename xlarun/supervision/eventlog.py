@@ -6,12 +6,13 @@ Usage::
     EventBus([sink], ...)                # the bus calls sink.handle(event) on the sink's own thread
 
 Each line is one :func:`record` (schema :data:`~xlarun.supervision.events.SCHEMA_VERSION`),
-written with one ``os.write`` to a file opened ``O_APPEND``: lines from one launcher never
-interleave, and a line is either all there or, where the disk filled up part-way, taken back
-(the file is cut to where it was), so no torn line stands before a good one. The file is opened
-``O_NONBLOCK``: a FIFO nobody reads (opening it fails with ``ENXIO``: tried again at each event)
-or that stopped reading (``EAGAIN``) costs that event, never a wait. ``-`` queues the lines on the
-launcher's stderr writer (:mod:`xlarun.console`), between its own lines.
+written whole or not at all (:func:`~xlarun.supervision.sinkfiles.write_whole`) to a file opened
+``O_APPEND``: lines from one launcher never interleave, and a line is either all there or, where
+the disk filled up part-way, taken back (the file is cut to where it was), so no torn line stands
+before a good one. The file is opened ``O_NONBLOCK``: a FIFO nobody reads (opening it fails with
+``ENXIO``: tried again at each event) or whose reader stopped with no room for a line of up to
+``PIPE_BUF`` bytes (``EAGAIN``) costs that event; a longer line waits for the reader to empty the pipe.
+``-`` queues the lines on the launcher's stderr writer (:mod:`xlarun.console`), between its own lines.
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from __future__ import annotations
 import errno
 import json
 import os
-import stat
 from datetime import datetime, timezone
 
 from xlarun.console import console
 from xlarun.supervision.events import SCHEMA_VERSION, Event
+from xlarun.supervision.sinkfiles import open_without_waiting, write_whole
 
 STDERR = "-"
 
@@ -57,7 +58,6 @@ class JsonLinesSink:
     def __init__(self, path: str):
         self.path = path
         self._fd: int | None = None
-        self._regular = False
 
     def __str__(self) -> str:
         return "the event log on stderr" if self.path == STDERR else f"the event log {self.path}"
@@ -79,13 +79,7 @@ class JsonLinesSink:
 
     def _try_open(self) -> int:
         if self._fd is None:
-            try:
-                fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
-            except OSError as error:
-                if error.errno == errno.ENXIO:  # a FIFO nobody reads: not yet
-                    raise OSError(errno.ENXIO, "a FIFO with no reader") from None
-                raise
-            self._fd, self._regular = fd, stat.S_ISREG(os.fstat(fd).st_mode)
+            self._fd = open_without_waiting(self.path, os.O_APPEND | os.O_CREAT)
         return self._fd
 
     def handle(self, event: Event) -> None:
@@ -93,24 +87,7 @@ class JsonLinesSink:
         if self.path == STDERR:
             console(2).write(line)
             return
-        fd = self._try_open()
-        before = os.fstat(fd).st_size if self._regular else 0
-        written = os.write(fd, line)
-        if written < len(line):
-            if self._regular:  # a full disk took part of it: take it back, so the next line starts a line
-                os.ftruncate(fd, before)
-            else:  # a pipe takes at most PIPE_BUF bytes all or nothing; a longer line is finished here
-                self._write_rest(fd, line[written:])
-                return
-            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    @staticmethod
-    def _write_rest(fd: int, rest: bytes) -> None:
-        import select
-
-        while rest:
-            select.select([], [fd], [], 1.0)
-            rest = rest[os.write(fd, rest) :]
+        write_whole(self._try_open(), line)
 
     def close(self) -> None:
         if self._fd is not None:

@@ -8,8 +8,10 @@ node_exporter's textfile collector (``--collector.textfile.directory``) reads ev
 of a directory at each scrape; no port and no HTTP server are involved. The file is rewritten at
 each event, through a temporary file in the same directory that :func:`os.replace` puts in its
 place, so a scrape reads the old exposition or the new one, never part of one (node_exporter's
-README asks for exactly that). No sample carries a timestamp: node_exporter refuses a textfile
-whose samples have one (``collector/textfile.go``).
+README asks for exactly that); through a symbolic link, the file it names. A FIFO or a device node
+at the path is written in place, each exposition whole or not at all, as the event log writes its
+lines (:func:`~xlarun.supervision.sinkfiles.replace_whole`). No sample carries a timestamp:
+node_exporter refuses a textfile whose samples have one (``collector/textfile.go``).
 
 The text format (version 0.0.4) is written here rather than by ``prometheus_client``'s
 ``write_to_textfile``: importing ``prometheus_client`` 0.26.0 took 76 to 300 ms and 14 MB of memory
@@ -19,13 +21,12 @@ launcher's own start-up, for eight gauges.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import cast
 
 from xlarun.failures import event_returncode
 from xlarun.supervision.events import Event
+from xlarun.supervision.sinkfiles import replace_whole
 
 PREFIX = "xlarun_"
 
@@ -130,15 +131,4 @@ class MetricsTextfile:
         return "\n".join(lines) + "\n"
 
     def _write(self, text: str) -> None:
-        directory = os.path.dirname(os.path.abspath(self.path))
-        os.makedirs(directory, exist_ok=True)  # the flag's check let missing directories be made
-        # node_exporter reads only *.prom: the temporary name keeps it from reading a file being written.
-        fd, temporary = tempfile.mkstemp(prefix=".xlarun-", suffix=".tmp", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as file:
-                file.write(text)
-            os.chmod(temporary, 0o644)  # mkstemp's 0600 would hide it from a node_exporter of another user
-            os.replace(temporary, self.path)
-        except BaseException:
-            os.unlink(temporary)
-            raise
+        replace_whole(self.path, text.encode())
