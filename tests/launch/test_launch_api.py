@@ -310,6 +310,7 @@ def test_every_refused_input_is_a_one_line_value_error_and_leaves_nothing(tmp_pa
             ("unknown_option", rank, {{"nproc_pre_node": 2}}),
             ("switch_given_text", rank, {{"standalone": "yes"}}),
             ("host_twice", "w.py", {{"hosts": ["127.0.0.2", "127.0.0.2"]}}),
+            ("no_shared_directory", rank, {{"hosts": ["127.0.0.2"], "remote_cwd": "/no/such/directory"}}),
         ]:
             try:
                 xlarun.launch(target, device="cpu", **options)
@@ -327,6 +328,7 @@ def test_every_refused_input_is_a_one_line_value_error_and_leaves_nothing(tmp_pa
     assert got["module"][2].startswith("module= says how a script runs")
     assert "neither a function, a script's path nor ['-m', module, ...]" in got["script_list"][2]
     assert got["bad_value"][2].startswith("--nproc-per-node='x' is invalid")
+    assert got["no_shared_directory"][2].startswith("remote_cwd='/no/such/directory' takes no directory here")
     assert os.listdir(private) == []
 
 

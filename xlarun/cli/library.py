@@ -172,7 +172,7 @@ def launch_target(
             on_hosts = check_hosts(values)
         if callable(target):
             if on_hosts:  # the workers' files live where every host finds them: the job's working directory
-                directories.append(tempfile.mkdtemp(prefix=".xlarun-launch-", dir=values["remote_cwd"] or os.getcwd()))
+                directories.append(shared_directory(values["remote_cwd"] or os.getcwd()))
             payload = os.path.join(directories[-1], "call")
             write_payload(payload, target, args)
             script, script_args = WORKER_MODULE, (payload,)  # the path only: the call itself is in the file
@@ -193,6 +193,18 @@ def launch_target(
     finally:
         for made in directories:
             shutil.rmtree(made, ignore_errors=True)
+
+
+def shared_directory(working_directory: str) -> str:
+    """A private directory for a job on several hosts, in its working directory, which they share with the caller."""
+    try:
+        return tempfile.mkdtemp(prefix=".xlarun-launch-", dir=working_directory)
+    except OSError as error:
+        raise ValueError(
+            f"remote_cwd={working_directory!r} takes no directory here ({error.strerror}): a function and "
+            "its ranks' values travel through the job's working directory, which the caller and every host "
+            "share at the same path"
+        ) from None
 
 
 def is_descriptor(stream: Any, fd: int) -> bool:
