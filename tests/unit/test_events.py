@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import REPO, wait_for
@@ -227,7 +228,7 @@ def read_all(reader: int) -> bytes:
         taken += chunk
 
 
-def whole_lines(data: bytes) -> list[dict[str, object]]:
+def whole_lines(data: bytes) -> list[dict[str, Any]]:
     assert data.endswith(b"\n"), data[-200:]
     return [json.loads(line) for line in data.splitlines()]
 
@@ -247,8 +248,8 @@ def queued(reader: int) -> int:
     return count[0]
 
 
-def handle_on_a_thread(sink: JsonLinesSink, each: Event) -> tuple[threading.Thread, list[BaseException]]:
-    errors: list[BaseException] = []
+def handle_on_a_thread(sink: JsonLinesSink, each: Event) -> tuple[threading.Thread, list[OSError]]:
+    errors: list[OSError] = []
 
     def handle() -> None:
         try:
