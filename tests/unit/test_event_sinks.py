@@ -262,10 +262,10 @@ def test_metrics_through_a_link_replace_the_file_it_names_and_the_link_stays(tmp
     elsewhere.mkdir()
     textfile.mkdir()
     (elsewhere / "old.prom").write_text("# old\n")
-    for name in ("old.prom", "new.prom"):
-        (textfile / name).symlink_to(elsewhere / name)
+    for name, points_to in (("old.prom", elsewhere / "old.prom"), ("new.prom", Path("../elsewhere/new.prom"))):
+        (textfile / name).symlink_to(points_to)
         MetricsTextfile(str(textfile / name)).handle(STARTED)
-        assert (textfile / name).is_symlink() and os.readlink(textfile / name) == str(elsewhere / name)
+        assert (textfile / name).is_symlink() and os.readlink(textfile / name) == str(points_to)
         assert (elsewhere / name).read_text() == exposition_in_a_file(tmp_path)
     assert sorted(os.listdir(elsewhere)) == ["new.prom", "old.prom"]  # no temporary file left beside them
     assert sorted(os.listdir(textfile)) == ["new.prom", "old.prom"]

@@ -115,8 +115,11 @@ def replace_whole(path: str, data: bytes) -> None:
 
     A regular file (or nothing yet) is replaced: ``data`` goes into a temporary file beside it (a name
     node_exporter's textfile collector skips, mode 0644), renamed over it. Through a symbolic link the file
-    it names is replaced and the link stays. A FIFO or a device node is written in place, whole
-    (:func:`write_whole`), each call opening it anew, so that a FIFO's reader reads one content to its end.
+    it names is replaced (made, for a link to nothing) and the link stays; the kernel follows the link, as
+    it does for the event log's ``open``, so its rules for links in shared directories hold
+    (``fs.protected_symlinks``: a link planted in ``/tmp`` does not lead a launcher run as root to another
+    file). A FIFO or a device node is written in place, whole (:func:`write_whole`), each call opening it
+    anew, so that a FIFO's reader reads one content to its end.
     """
     try:
         in_place = not stat.S_ISREG(os.stat(path).st_mode)
@@ -129,8 +132,14 @@ def replace_whole(path: str, data: bytes) -> None:
         finally:
             os.close(fd)
         return
-    target = os.path.realpath(path)
-    directory = os.path.dirname(target)
+    target = path
+    if os.path.islink(path):
+        fd = os.open(path, os.O_RDONLY | os.O_CREAT | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC, 0o644)
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")  # the file the kernel's walk reached
+        finally:
+            os.close(fd)
+    directory = os.path.dirname(os.path.abspath(target))
     os.makedirs(directory, exist_ok=True)  # the flag's check let missing directories be made
     # node_exporter reads only *.prom: the temporary name keeps it from reading a file being written.
     fd, temporary = tempfile.mkstemp(prefix=".xlarun-", suffix=".tmp", dir=directory)
