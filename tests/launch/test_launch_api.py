@@ -290,6 +290,7 @@ def test_every_refused_input_is_a_one_line_value_error_and_leaves_nothing(tmp_pa
         tmp_path,
         f"""
         import tempfile
+        import threading
         tempfile.tempdir = {str(private)!r}
 
         def rank():
@@ -311,9 +312,10 @@ def test_every_refused_input_is_a_one_line_value_error_and_leaves_nothing(tmp_pa
             ("switch_given_text", rank, {{"standalone": "yes"}}),
             ("host_twice", "w.py", {{"hosts": ["127.0.0.2", "127.0.0.2"]}}),
             ("no_shared_directory", rank, {{"hosts": ["127.0.0.2"], "remote_cwd": "/no/such/directory"}}),
+            ("unpicklable_argument", rank, {{"args": (threading.Lock(),)}}),
         ]:
             try:
-                xlarun.launch(target, device="cpu", **options)
+                xlarun.launch(target, *options.pop("args", ()), device="cpu", **options)
                 refused[name] = "launched"
             except Exception as error:
                 refused[name] = [type(error).__name__, isinstance(error, ValueError), str(error)]
@@ -329,6 +331,7 @@ def test_every_refused_input_is_a_one_line_value_error_and_leaves_nothing(tmp_pa
     assert "neither a function, a script's path nor ['-m', module, ...]" in got["script_list"][2]
     assert got["bad_value"][2].startswith("--nproc-per-node='x' is invalid")
     assert got["no_shared_directory"][2].startswith("remote_cwd='/no/such/directory' takes no directory here")
+    assert got["unpicklable_argument"][2].startswith("the call cannot travel to the workers (cannot pickle")
     assert os.listdir(private) == []
 
 

@@ -337,7 +337,13 @@ def write_payload(path: str, function: Callable[..., Any], args: tuple[Any, ...]
                 f"travels to the workers by value with cloudpickle, which is not installed: "
                 f"{NOTEBOOK_EXTRA}"
             ) from None
-        data = cloudpickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
+        try:
+            data = cloudpickle.dumps((function, args), protocol=pickle.HIGHEST_PROTOCOL)
+        except (pickle.PicklingError, TypeError, AttributeError) as refused:
+            raise ValueError(
+                f"the call cannot travel to the workers ({refused}): a function and its arguments reach "
+                "every worker pickled"
+            ) from None
     descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
     with os.fdopen(descriptor, "wb") as handle:
         pickle.dump([entry for entry in sys.path if entry], handle)
