@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+from helpers import REPO
 
 from xlarun.exceptions import UsageError
 from xlarun.host.ports import host_port
@@ -546,6 +547,10 @@ def test_megascale_settings_are_read_for_several_slices_only(environ, expected):
 def test_megascale_settings_libtpu_cannot_join_are_refused(environ, message):
     with pytest.raises(UsageError, match="^" + re.escape(message)):
         megascale.read_megascale(environ)
+
+
+def test_the_manual_names_the_most_slices_a_job_is_planned_with():
+    assert f"over {megascale.MAX_SLICES} slices" in (REPO / "docs" / "multinode.md").read_text().replace("\n  ", " ")
 
 
 @pytest.mark.parametrize(
