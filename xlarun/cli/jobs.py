@@ -193,6 +193,8 @@ def start_detached(
         summary_file=os.path.abspath(summary_file),
         event_log=event_log if event_log == "-" or event_log is None else os.path.abspath(event_log),
     )
+    if event_log is not None and os.path.dirname(event_log) == directory:
+        os.close(os.open(event_log, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600))  # appended to, mode kept
     console = os.open(job.console, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC, 0o600)
     try:
         process = subprocess.Popen(
@@ -253,6 +255,8 @@ def record_end(directory: str, exit_code: int) -> None:
             try:
                 with open(job.summary_file) as handle:
                     result = json.load(handle).get("result")
+                if os.path.dirname(job.summary_file) == directory:
+                    os.chmod(job.summary_file, 0o600)  # written as any summary file is; the record's are private
             except (OSError, ValueError, AttributeError):
                 pass  # no summary: a run refused before it started
         store.set_end(job_id, exit_code, result)
