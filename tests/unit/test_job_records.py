@@ -194,3 +194,15 @@ def test_the_recorded_command_hides_what_looks_secret() -> None:
         "--epochs",
         "3",
     ]
+
+
+def test_the_newest_runs_that_ended_are_kept_and_running_ones_always(store: JobStore) -> None:
+    store.create("running", ["xlarun"], "/work")
+    store.set_launcher("running", os.getpid())
+    for number in range(4):
+        store.create(f"done{number}", ["xlarun"], "/work")
+        store.set_end(f"done{number}", 0, "succeeded")
+    assert [job.id for job in store.remove_finished(keep=2)] == ["done1", "done0"]
+    assert sorted(job.id for job in store.jobs()[0]) == ["done2", "done3", "running"]
+    store.remove_finished()
+    assert [job.id for job in store.jobs()[0]] == ["running"]

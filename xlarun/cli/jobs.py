@@ -18,7 +18,6 @@ every stream, as ``--tee`` does), and records how the run ended.
 from __future__ import annotations
 
 import os
-import secrets
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
@@ -153,7 +152,7 @@ def redacted_command(words: Sequence[str]) -> list[str]:
 def detached_run_id(values: OptionValues) -> str:
     """The id of a run to leave: its ``--rdzv-id`` where one is given, else one made up (12 hex digits)."""
     given = values["rdzv_id"]
-    return given if values.is_set("rdzv_id") and given not in ("", "none") else secrets.token_hex(6)
+    return given if values.is_set("rdzv_id") and given not in ("", "none") else os.urandom(6).hex()
 
 
 def start_detached(

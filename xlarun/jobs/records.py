@@ -55,6 +55,8 @@ STATES = ("running", "succeeded", "failed", "signaled", "lost")
 START_GRACE_S = 30.0
 """How long a run may go without a recorded launcher before it counts as lost: the caller records the
 launcher right after starting it, so only a caller killed in between leaves a run without one."""
+KEPT_FINISHED_RUNS = 100
+"""The most runs that ended a state directory keeps: recording a new run removes the oldest beyond them."""
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
 _ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
 """What a run id must be to name a directory of its own (a ``--rdzv-id``, or one made up)."""
@@ -280,7 +282,15 @@ class JobStore:
                 "event_log": event_log,
             },
         )
+        self.remove_finished(keep=KEPT_FINISHED_RUNS)
         return self.load(job_id)
+
+    def remove_finished(self, keep: int = 0) -> list[Job]:
+        """Remove the records of the runs that are not running, but the newest ``keep`` of them; those removed."""
+        finished = [job for job in self.jobs()[0] if job.state != "running"]
+        for job in finished[keep:]:
+            self.remove(job)
+        return finished[keep:]
 
     def set_launcher(self, job_id: str, pid: int) -> None:
         """Record the run's launcher: ``pid``, which must be running."""

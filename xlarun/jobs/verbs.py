@@ -172,13 +172,8 @@ def write_table(rows: Sequence[Sequence[str]]) -> None:
 
 def prune(store: JobStore) -> int:
     """``--jobs --prune``: remove the records (console output included) of every run that is not running."""
-    jobs, damaged = store.jobs()
-    for line in damaged:
-        say(line)
-    removed = [job for job in jobs if job.state != "running"]
-    for job in removed:
-        store.remove(job)
-    say(f"removed {len(removed)} finished run{'s' if len(removed) != 1 else ''}; {len(jobs) - len(removed)} running")
+    removed = store.remove_finished()
+    say(f"removed {len(removed)} run{'s' if len(removed) != 1 else ''} that ended")
     return 0
 
 
