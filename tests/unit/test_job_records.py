@@ -206,3 +206,10 @@ def test_the_newest_runs_that_ended_are_kept_and_running_ones_always(store: JobS
     assert sorted(job.id for job in store.jobs()[0]) == ["done2", "done3", "running"]
     store.remove_finished()
     assert [job.id for job in store.jobs()[0]] == ["running"]
+
+
+def test_help_names_every_verb() -> None:
+    from xlarun.cli.command import epilog
+    from xlarun.cli.jobs import VERBS
+
+    assert all(f"xlarun {verb}" in epilog() for verb in VERBS)

@@ -17,6 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 from datetime import datetime
+from typing import BinaryIO
 
 from xlarun.console import say
 from xlarun.jobs.records import Job, JobStore
@@ -106,26 +107,28 @@ def show_logs(store: JobStore, job: Job, follow: bool) -> int:
     except FileNotFoundError:
         console = open(os.devnull, "rb")  # a run that never got as far as its console: nothing to show
     with console:
-        if not follow:
-            while data := console.read(READ_CHUNK):
-                out.write(data)
-            out.flush()
-            return 0
         partial = b""
         while True:
-            # Read before looking at the state: what a run wrote before it ended is read after its end is seen.
-            running = job.state == "running"
-            data = partial + console.read()
+            # The state first: what a run wrote before it ended is read after its end is seen.
+            running = follow and job.state == "running"
+            partial = copy_lines(console, out, partial)
             if not running:
-                data += console.read()
-                out.write(data)
+                out.write(partial)
                 out.flush()
-                return ended_code(job)
-            whole = data.rfind(b"\n") + 1
-            out.write(data[:whole])
-            out.flush()
-            partial = data[whole:]
+                return ended_code(job) if follow else 0
             job = wait_for_change(store, job, FOLLOW_INTERVAL_S)
+
+
+def copy_lines(source: BinaryIO, out: BinaryIO, partial: bytes) -> bytes:
+    """Copy the whole lines ``source`` holds now, after ``partial``, the start of a line read before; the
+    start of the next line is returned."""
+    while data := source.read(READ_CHUNK):
+        data = partial + data
+        whole = data.rfind(b"\n") + 1
+        out.write(data[:whole])
+        partial = data[whole:]
+    out.flush()
+    return partial
 
 
 def attach(store: JobStore, job: Job) -> int:
