@@ -221,5 +221,6 @@ def test_from_python(state: dict[str, str], out_dir: Path, monkeypatch: pytest.M
     with pytest.raises(xlarun.WorkerFailed) as failed:
         started.wait()
     assert failed.value.exit_code == 5 and failed.value.summary["result"] == "failed"
+    assert failed.value.failures[0].returncode == 5 and "exited with code 5" in str(failed.value)
     assert "r0 started" in found.logs() and "r1 started" in found.logs()
     assert JobStore(state["XLARUN_STATE_DIR"]).find(started.id).state == "failed"

@@ -289,10 +289,18 @@ class DetachedRun:
         return {**job.as_json(), "ranks": rank_states(job) if job.state == "running" else []}
 
     def wait(self) -> LaunchResult:
-        """Block until the run ends: its :class:`~xlarun.LaunchResult`; raises
-        :class:`~xlarun.WorkerFailed` where it failed, as a foreground launch would."""
-        from xlarun.cli.library import LaunchResult, WorkerFailed, read_summary, values_of
-        from xlarun.jobs.verbs import wait_for_change
+        """Block until the run ends: its :class:`~xlarun.LaunchResult`; raises :class:`~xlarun.WorkerFailed`
+        where it failed (every failed worker its summary lists, the root cause first), as a foreground launch
+        would, and for a lost run."""
+        from xlarun.cli.library import (
+            LaunchResult,
+            WorkerFailed,
+            describe_failure,
+            job_failures,
+            read_summary,
+            values_of,
+        )
+        from xlarun.jobs.verbs import LOST_EXIT_CODE, describe_state, wait_for_change
 
         job = self._job()
         while job.state == "running":
@@ -300,14 +308,14 @@ class DetachedRun:
             if self._process is not None:
                 self._process.poll()
         summary = read_summary(job.summary_file) if job.summary_file else {}
+        # A job on several hosts summarises each host's node; one node's summary is its own.
+        nodes = [host.get("summary") or {} for host in summary.get("hosts", [])] or [summary]
         if job.exit_code == 0:
-            return LaunchResult(values=values_of([summary], None), exit_code=0, summary=summary)
-        from xlarun.cli.library import failure_record
-
-        record = failure_record(summary.get("root_cause"))
-        message = f"run {job.id} {job.state}" + (f" (exit code {job.exit_code})" if job.exit_code is not None else "")
-        failures = [record] if record is not None else []
-        raise WorkerFailed(message, record, failures, job.exit_code if job.exit_code is not None else 1, summary)
+            return LaunchResult(values=values_of(nodes, None), exit_code=0, summary=summary)
+        failures = job_failures(nodes)
+        message = describe_failure(failures[0]) if failures else f"run {job.id} {describe_state(job)}"
+        code = LOST_EXIT_CODE if job.exit_code is None else job.exit_code
+        raise WorkerFailed(message, failures[0] if failures else None, failures, code, summary)
 
     def stop(self) -> None:
         """Stop the run as SIGTERM to its launcher would; returns once its workers are gone."""
