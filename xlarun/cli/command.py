@@ -20,7 +20,7 @@ import click
 from click.shell_completion import CompletionItem, get_completion_class
 
 from xlarun import __version__
-from xlarun.cli.jobs import DETACHED_RUN_FLAG, record_end, run_verb, verb_request
+from xlarun.cli.jobs import DETACHED_RUN_FLAG, record_end, record_start, run_verb, verb_request
 from xlarun.cli.options import ENV_SEPARATOR, OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
 from xlarun.cli.stacks import print_stacks, stacks_request
 from xlarun.console import flush_consoles, say
@@ -337,6 +337,7 @@ def main(argv: Sequence[str] | None = None) -> None:
             finish(run_agent())
         if args[:1] == [DETACHED_RUN_FLAG] and len(args) > 1:
             record, args = args[1], args[2:]
+            record_start(record)
         wanted, launcher = stacks_request(args)
         if wanted:
             finish(print_stacks(launcher))

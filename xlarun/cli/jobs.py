@@ -238,6 +238,17 @@ def detach(
     return 0
 
 
+def record_start(directory: str) -> None:
+    """The detached launcher's first act: itself, in its run's record. Its caller records it too, once it is
+    started, but may be killed before it does (a closed terminal): the run must not pass for lost then."""
+    from xlarun.jobs.records import JobStore
+
+    try:
+        JobStore(os.path.dirname(os.path.dirname(directory))).set_launcher(os.path.basename(directory), os.getpid())
+    except OSError as error:
+        say(f"cannot record the launcher of run {os.path.basename(directory)}: {error}")
+
+
 def record_end(directory: str, exit_code: int) -> None:
     """The detached launcher's last act: how the run ended, in its record (the summary's result where it
     wrote one). A record that cannot take it costs a line in the run's console, not its exit code."""

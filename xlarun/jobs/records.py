@@ -12,8 +12,9 @@ Where: ``$XLARUN_STATE_DIR``, else ``$XDG_STATE_HOME/xlarun``, else ``~/.local/s
 directory per run under ``runs/``, named by its id. The directories are mode 0700 and the files 0600: a
 run's command line and its console output are its user's alone. A run's facts are written once each,
 by the one process that knows them, to a file of their own: ``run.json`` (what was started, by the
-caller, before the launcher starts), ``launcher.json`` (the launcher's process, by the caller once it is
-started) and ``end.json`` (how it ended, by the launcher). Each is written whole to a temporary name and
+caller, before the launcher starts), ``launcher.json`` (the launcher's process: by the caller once it is
+started, and by the launcher as it starts, the same facts twice, whichever comes first) and ``end.json``
+(how it ended, by the launcher). Each is written whole to a temporary name and
 renamed into place, so a reader finds the file whole or not at all; a file that does not parse costs
 its run's entry, never another's.
 
@@ -54,7 +55,8 @@ EVENT_LOG_FILE = "events.jsonl"
 STATES = ("running", "succeeded", "failed", "signaled", "lost")
 START_GRACE_S = 30.0
 """How long a run may go without a recorded launcher before it counts as lost: the caller records the
-launcher right after starting it, so only a caller killed in between leaves a run without one."""
+launcher right after starting it and the launcher itself as it starts, so only a launcher that never
+started leaves a run without one."""
 KEPT_FINISHED_RUNS = 100
 """The most runs that ended a state directory keeps: recording a new run removes the oldest beyond them."""
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
