@@ -1,7 +1,7 @@
 """The package's layers only look down, and the supervision layer stays small.
 
 Each module belongs to a layer: its subpackage (``cli``, ``planning``, ``supervision``,
-``rendezvous``, ``runtimes``, ``host``, ``worker``, ``remote``), or ``leaf`` for the shared modules directly
+``rendezvous``, ``runtimes``, ``host``, ``worker``, ``remote``, ``jobs``), or ``leaf`` for the shared modules directly
 under ``xlarun/``. :data:`MAY_IMPORT` says which layers each one may import; every ``import``
 in the package, at any depth (inside functions and ``TYPE_CHECKING`` blocks too), is checked
 against it.
