@@ -37,6 +37,7 @@ LAUNCH = TESTS / "launch"
 TORCH_FREE = frozenset(
     {
         "test_bad_input.py",
+        "test_detach.py",
         "test_exit_codes.py",
         "test_faults.py",
         "test_input_bounds.py",

@@ -13,7 +13,7 @@ from xlarun.contract import record
 __version__ = "0.1.0"
 
 _WORKER_NAMES = ("SplitWorldError", "init_process_group", "is_launched")
-_LAUNCH_NAMES = ("launch", "LaunchResult", "WorkerFailed")
+_LAUNCH_NAMES = ("launch", "LaunchResult", "WorkerFailed", "job")
 """The launcher from Python (:mod:`xlarun.cli.library`)."""
 
 
@@ -36,6 +36,7 @@ __all__ = [
     "WorkerFailed",
     "init_process_group",
     "is_launched",
+    "job",
     "launch",
     "record",
     "__version__",

@@ -218,6 +218,9 @@ class LaunchConfig:
     """Seconds without progress and CPU after which a node's workers count as hung (None: not watched)."""
     dry_run: bool = False
     allow_busy_device: bool = False
+    console_whole_lines: bool = False
+    """Every worker stream the console shows goes through the relay, line by line, prefixed or not: a
+    detached run's console is a file that several workers write, which a line must reach whole."""
 
     @property
     def topology(self) -> Topology:

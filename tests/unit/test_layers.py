@@ -1,7 +1,7 @@
 """The package's layers only look down, and the supervision layer stays small.
 
 Each module belongs to a layer: its subpackage (``cli``, ``planning``, ``supervision``,
-``rendezvous``, ``runtimes``, ``host``, ``worker``, ``remote``), or ``leaf`` for the shared modules directly
+``rendezvous``, ``runtimes``, ``host``, ``worker``, ``remote``, ``jobs``), or ``leaf`` for the shared modules directly
 under ``xlarun/``. :data:`MAY_IMPORT` says which layers each one may import; every ``import``
 in the package, at any depth (inside functions and ``TYPE_CHECKING`` blocks too), is checked
 against it.
@@ -18,7 +18,7 @@ from pathlib import Path
 from helpers import REPO
 
 PACKAGE = REPO / "xlarun"
-LAYERS = ("cli", "remote", "planning", "supervision", "rendezvous", "runtimes", "host", "worker")
+LAYERS = ("cli", "jobs", "remote", "planning", "supervision", "rendezvous", "runtimes", "host", "worker")
 MAY_IMPORT = {
     "leaf": {"leaf"},
     "host": {"leaf", "host"},
@@ -31,8 +31,22 @@ MAY_IMPORT = {
     # The fan-out over hosts: what a host is sent and how; the dry run's rule of what looks secret; the signal inbox;
     # xlarun's version (the package itself), which every host must share with the launcher.
     "remote": {"api", "leaf", "host", "planning", "supervision", "remote"},
+    # The runs to leave: their records, and the verbs, which find a run's workers as --stacks does.
+    "jobs": {"leaf", "host", "rendezvous", "supervision", "jobs"},
     # xlarun.launch() (cli.library) reads back the files its worker module (worker.call) leaves.
-    "cli": {"api", "leaf", "host", "runtimes", "rendezvous", "planning", "supervision", "remote", "worker", "cli"},
+    "cli": {
+        "api",
+        "leaf",
+        "host",
+        "runtimes",
+        "rendezvous",
+        "planning",
+        "supervision",
+        "remote",
+        "worker",
+        "jobs",
+        "cli",
+    },
     # The package itself: xlarun.record, and the worker helpers and xlarun.launch() loaded on first use.
     "api": {"leaf", "worker", "cli"},
 }

@@ -20,6 +20,7 @@ import click
 from click.shell_completion import CompletionItem, get_completion_class
 
 from xlarun import __version__
+from xlarun.cli.jobs import DETACHED_RUN_FLAG, record_end, record_start, run_verb, verb_request
 from xlarun.cli.options import ENV_SEPARATOR, OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
 from xlarun.cli.stacks import print_stacks, stacks_request
 from xlarun.console import flush_consoles, say
@@ -206,6 +207,8 @@ def description() -> str:
 
 def epilog() -> str:
     """What ``--help`` says after the flags: the variables xlarun reads and its exit codes."""
+    from xlarun.jobs.records import STATE_DIR_VARIABLE
+
     return f"""\b
 Environment:
   PET_<FLAG>            a torchrun flag's default (PET_NPROC_PER_NODE=4;
@@ -215,11 +218,22 @@ Environment:
   XLARUN_RDZV_TOKEN     the job's rendezvous token, as {flag("rdzv_conf")} token=...
   XLARUN_DEBUG=1        a traceback for an internal error
   {HOST_ROOT_VARIABLE:<21} read /sys, /dev and /proc under this directory (fake hosts)
+  {STATE_DIR_VARIABLE:<21} where runs to leave are recorded (docs/jobs.md)
 Workers also get {LAUNCHED_MARKER}=1; {flag("dry_run")} shows every variable they get.
 
 \b
 xlarun --stacks [PID]   print every worker's Python stacks of a running launch
                         (PID: its launcher; default: the only one on this host)
+
+\b
+Runs started with {flag("detach")} (ID: the id it printed, or a prefix naming one):
+xlarun --jobs [--json]  list this user's runs, newest first; --prune removes
+                        those that ended
+xlarun --logs ID        print the run's console output; --follow: until it ends
+xlarun --attach ID      follow the run; Ctrl-C leaves it going
+xlarun --status ID      the run's ranks now: pid, state, memory, CPU; --json
+xlarun --wait ID        wait for the run's end, exit with its exit code
+xlarun --stop ID        stop the run as SIGTERM to its launcher would
 
 \b
 Exit codes: 0 success; the root-cause worker's own code (128+N when signal N
@@ -314,16 +328,28 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     hold_standard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
+    record: str | None = None
+    """The record of the run this launcher runs detached (``--detach`` started it), where it does."""
     try:
         if args == [AGENT_FLAG]:
             from xlarun.remote.agent import run_agent  # a host's agent, started by a multi-host launcher
 
             finish(run_agent())
+        if args[:1] == [DETACHED_RUN_FLAG] and len(args) > 1:
+            record, args = args[1], args[2:]
+            record_start(record)
         wanted, launcher = stacks_request(args)
         if wanted:
             finish(print_stacks(launcher))
+        verb = verb_request(args)
+        if verb is not None:
+            finish(run_verb(verb, os.environ))
         command_line = parse_command_line(args)
-        code = 0 if command_line is None else launch_from_command_line(*command_line, os.environ)
+        code = (
+            0
+            if command_line is None
+            else launch_from_command_line(*command_line, os.environ, detached=record is not None)
+        )
     except UsageError as error:
         say(f"error: {error}")
         code = UsageError.exit_code
@@ -341,6 +367,8 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise
         say(f"internal error: {type(error).__name__}: {error} (set XLARUN_DEBUG=1 for the traceback)")
         code = 1
+    if record is not None:
+        record_end(record, code)
     finish(code)
 
 

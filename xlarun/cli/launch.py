@@ -12,7 +12,7 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from xlarun.cli.options import OptionValues, read_options
 from xlarun.cli.rules import build_config, check_hosts, require_script
@@ -124,20 +124,49 @@ def prepare_launch(
 
 
 def launch_from_command_line(
-    given: Mapping[str, str | None], script: str | None, script_args: tuple[str, ...], environ: Mapping[str, str]
+    given: Mapping[str, str | None],
+    script: str | None,
+    script_args: tuple[str, ...],
+    environ: Mapping[str, str],
+    *,
+    detached: bool = False,
 ) -> int:
-    """Run the launch the command line describes (or print its plan); returns the exit code."""
+    """Run the launch the command line describes (or print its plan, or start it in the background with
+    ``--detach``); returns the exit code. ``detached``: this is the launcher a ``--detach`` started."""
     # Workers get the environment as it was when the launcher started, whatever it sets for itself.
     environ = dict(environ)
     values = read_options(given, environ)
+    to_detach = values["detach"] and not values["dry_run"]
     if check_hosts(values):
+        if to_detach:
+            from xlarun.cli.jobs import detach
+
+            return detach(values, given, require_script(script), script_args, environ, on_hosts=True)
         from xlarun.cli.hosts import launch_hosts
 
         return launch_hosts(values, given, script, script_args, environ)
     prepared = prepare_launch(values, script, script_args, environ)
     if prepared.config.dry_run:
         return print_plan(prepared, environ)
+    if to_detach:
+        from xlarun.cli.jobs import detach
+
+        check_before_start(prepared, environ)
+        return detach(values, given, prepared.config.command.script, script_args, environ)
+    if detached:
+        prepared = replace(prepared, config=replace(prepared.config, console_whole_lines=True))
     return run_launch(prepared, environ).exit_code
+
+
+def check_before_start(prepared: PreparedLaunch, environ: Mapping[str, str]) -> None:
+    """What :func:`run_launch` refuses before anything starts (a busy device, a taken store port, a missing
+    program), where the launch is to be left running: nothing is started, nothing is contacted, and torch is
+    not imported (the rendezvous of several nodes checks its own when the run starts)."""
+    if not prepared.config.allow_busy_device:
+        refuse_busy_device(prepared.device.device, environ)
+    if prepared.config.topology in (Topology.STANDALONE, Topology.LONE_NODE):
+        choose_rendezvous(prepared.config, prepared.device, environ)
+    check_command(prepared.config)
 
 
 def run_launch(prepared: PreparedLaunch, environ: Mapping[str, str]) -> RunEnd:

@@ -50,7 +50,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, fields
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 from xlarun.cli.launch import prepare_launch, run_launch
 from xlarun.cli.options import OPTIONS_BY_DEST, OptionValues, read_options
@@ -61,6 +61,9 @@ from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
 from xlarun.supervision.end import RootCause, RunEnd
 from xlarun.worker.call import exception_file, result_file
+
+if TYPE_CHECKING:
+    from xlarun.cli.jobs import DetachedRun
 
 WORKER_MODULE = "xlarun.worker.call"
 WORKER_VARIABLES = (LAUNCHED_MARKER, "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
@@ -105,12 +108,32 @@ class WorkerFailed(Exception):
         self.summary = summary
 
 
+@overload
+def launch(
+    target: str | os.PathLike[str] | Sequence[str],
+    *args: Any,
+    reraise: bool = False,
+    detach: Literal[True],
+    **options: Any,
+) -> DetachedRun: ...
+
+
+@overload
+def launch(
+    target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str],
+    *args: Any,
+    reraise: bool = False,
+    detach: Literal[False] = False,
+    **options: Any,
+) -> LaunchResult: ...
+
+
 def launch(
     target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str],
     *args: Any,
     reraise: bool = False,
     **options: Any,
-) -> LaunchResult:
+) -> LaunchResult | DetachedRun:
     """Run ``target`` on every worker, as the ``xlarun`` command would, and return once all are gone.
 
     ``target``: a function (called with ``*args`` in each worker; its return values come back), a
@@ -119,10 +142,14 @@ def launch(
     ``standalone=True``, ``max_restarts=2``); a list is given comma-joined, a dict as ``key=value``
     pairs. Raises :class:`WorkerFailed` when the run fails (with ``reraise=True``, the root cause's
     own exception where it came back), :class:`ValueError` for a refused target or option, :class:`RuntimeError`
-    where the launcher cannot go on (another process holds the device, ...).
+    where the launcher cannot go on (another process holds the device, ...). With ``detach=True`` the
+    run is left running as ``xlarun --detach`` leaves it, and its :class:`~xlarun.cli.jobs.DetachedRun`
+    returned at once (docs/jobs.md).
     """
     refuse_caller()
     given = given_options(options)
+    if given.get("detach") == "1":
+        return launch_detached(target, args, given)
     try:
         with ExitStack() as redirected:
             for fd, stream in ((1, sys.stdout), (2, sys.stderr)):
@@ -143,6 +170,35 @@ class StoppedBySignal(Exception):
     def __init__(self, number: int):
         super().__init__(signal_name(number))
         self.number = number
+
+
+def launch_detached(
+    target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], args: tuple[Any, ...], given: dict[str, str]
+) -> DetachedRun:
+    """``launch(..., detach=True)``: the launch checked and started as ``xlarun --detach`` does."""
+    from xlarun.cli.jobs import DetachedRun, start_detached
+    from xlarun.cli.launch import check_before_start
+    from xlarun.jobs.records import JobStore
+
+    if callable(target):
+        raise ValueError("detach=True runs a script or a module: a function's values come back to a caller that waits")
+    environ = dict(os.environ)
+    with engine_errors():
+        script, script_args = script_of(target, args, given)
+        values = read_options(given, environ)
+        on_hosts = check_hosts(values)
+        if not on_hosts:
+            check_before_start(prepare_launch(values, script, script_args, environ), environ)
+        started, process = start_detached(values, given, script, script_args, environ, on_hosts=on_hosts)
+    return DetachedRun(JobStore.from_environ(environ), started.id, process)
+
+
+def job(job_id: str) -> DetachedRun:
+    """The run ``job_id`` (or the one run whose id starts with it) that ``--detach`` or ``detach=True`` started,
+    found again; raises :class:`LookupError` where no run, or several, answer to it."""
+    from xlarun.cli.jobs import find_job
+
+    return find_job(job_id, os.environ)
 
 
 def launch_target(

@@ -720,6 +720,12 @@ OPTIONS: tuple[Option, ...] = (
         metavar="PATH",
     ),
     _xlarun(
+        ("--detach",),
+        "Check the launch, start it in the background, in a session of its own that a closed terminal "
+        "does not end, print its id and return; xlarun --logs, --attach, --status, --wait and --stop "
+        "find it by that id (docs/jobs.md).",
+    ),
+    _xlarun(
         ("--allow-busy-device", "--allow_busy_device"),
         "Start even though other processes hold the device files (a device shared on purpose).",
     ),

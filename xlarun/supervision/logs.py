@@ -108,8 +108,9 @@ def plan_worker_logs(
         if file is not None:
             # Hang detection counts output as progress: it must pass through the launcher on its way.
             return StreamPlan(file=file, relay=config.hang_timeout is not None)
-        if bit == STDERR:
-            return StreamPlan(console_fd=console_fd if shown else None, relay=True)
+        whole_lines = config.console_whole_lines
+        if bit == STDERR or whole_lines:
+            return StreamPlan(console_fd=console_fd if shown else None, relay=True, whole_lines=whole_lines)
         return StreamPlan(console_fd=console_fd if shown else None)
 
     return WorkerLogPlan(

@@ -52,6 +52,8 @@ class StreamPlan:
     matching: MatchingLines | None = None
     step_log: bool = False
     """The stream carries torch_xla's step log (:class:`StepLog`): its lines are counted and dropped."""
+    whole_lines: bool = False
+    """Unprefixed console text goes out in whole lines too, as prefixed text does."""
 
 
 @dataclass(frozen=True)
@@ -196,7 +198,7 @@ class StreamRelay:
     The file gets the bytes unchanged. Prefixed console text goes out in whole pieces, each
     ended by a newline or a carriage return and each behind the prefix, so two workers' text
     never shares a line and a progress bar redraws with its prefix at the start of the line;
-    unprefixed text passes through at once. The console is a :class:`~xlarun.console.ConsoleWriter`,
+    unprefixed text passes through at once, unless the plan asks for whole lines. The console is a :class:`~xlarun.console.ConsoleWriter`,
     which never blocks: while it is :attr:`paused` the caller stops reading the pipe.
     """
 
@@ -205,6 +207,7 @@ class StreamRelay:
         self._matching = MatchingCopy(plan.matching, plan.prefix) if plan.matching else None
         self._console = writer or (console(plan.console_fd) if plan.console_fd is not None else None)
         self._prefix = plan.prefix
+        self._whole_lines = plan.whole_lines
         self._partial = b""
         self._unshown = b""
         self._after_carriage_return = False
@@ -231,7 +234,7 @@ class StreamRelay:
         if self._matching is not None:
             self._matching.feed(data)
         if self._console is not None:
-            if self._prefix:
+            if self._prefix or self._whole_lines:
                 self._to_console_prefixed(data)
             else:
                 self._console.write(data)
