@@ -21,6 +21,10 @@ loop never polls. What it finds it says itself, in one line (:func:`~xlarun.cons
   thread (:class:`~xlarun.supervision.stacks.StackTaking`), handed on, then it is torn down.
 - :class:`OomWatch`: whether the kernel's OOM killer ended a worker that died of SIGKILL
   (:mod:`xlarun.host.oom`, whose evidence counts from the workers' start).
+- :class:`NoticeWatch`: the metadata server's notice that the VM is preempted or goes into host
+  maintenance (:class:`~xlarun.host.metadata.Notices`), for the whole run: one line each, then the
+  run's own word (``on_notice``: its event) and, for a VM that stops, ``--preemption-signal`` to
+  every worker of the group under way.
 """
 
 from __future__ import annotations
@@ -33,7 +37,9 @@ from typing import TYPE_CHECKING, Protocol
 from xlarun.console import say
 
 if TYPE_CHECKING:
-    # Loaded when a run watches for hangs (hangs), takes stacks (stacks) or starts workers (oom).
+    # Loaded when a run watches for hangs (hangs), takes stacks (stacks), starts workers (oom), or runs
+    # where a metadata server is (metadata).
+    from xlarun.host.metadata import Notice, Notices
     from xlarun.host.oom import OomWitness
     from xlarun.supervision.group import Worker, WorkerResult
     from xlarun.supervision.hangs import HangWatch
@@ -257,3 +263,48 @@ class OomWatch(Watch):
     def close(self) -> None:
         if self._witness is not None:
             self._witness.close()
+
+
+class NoticeWatch(Watch):
+    """The metadata server's notices (:class:`~xlarun.host.metadata.Notices`) over a whole run, shared by
+    each attempt's group: every notice is one line, then ``on_notice`` hears of it, with the signal sent.
+    A notice that the VM stops sends ``signal_number`` (if any) to every worker of the group under way
+    (not being torn down), and is kept as :attr:`stopping_notice`. A notice that comes between two
+    groups waits in the pipe for the next one, or for :meth:`end`."""
+
+    def __init__(
+        self,
+        notices: Notices,
+        signal_number: int | None,
+        on_notice: Callable[[Notice, int | None], None],
+    ):
+        self._notices = notices
+        self._signal_number = signal_number
+        self._on_notice = on_notice
+        self._group: WatchedGroup | None = None
+        self.stopping_notice: Notice | None = None
+        """The first notice that the VM stops, once one came: the run ends preempted."""
+
+    def start(self, group: WatchedGroup) -> None:
+        self._group = group
+        group.listen(self._notices.fd, self._read)
+
+    def close(self) -> None:
+        self._group = None  # the group's selector goes with it; the pipe stays the run's
+
+    def end(self) -> None:
+        """The run is over: the notices still unread are told, and no other is watched for."""
+        self._read()
+        self._notices.close()
+
+    def _read(self) -> None:
+        for notice in self._notices.read():
+            sent = None
+            if notice.stops:
+                self.stopping_notice = self.stopping_notice or notice
+                if self._signal_number is not None and self._group is not None and not self._group.stopping:
+                    self._group.signal_workers(self._signal_number)
+                    sent = self._signal_number
+            told = f"; sent {signal.Signals(sent).name} to every worker" if sent is not None else ""
+            say(f"the metadata server's instance/{notice.key} is {notice.value}: {notice.meaning}{told}")
+            self._on_notice(notice, sent)
