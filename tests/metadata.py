@@ -10,7 +10,8 @@
   It also serves the instance's ``preempted`` (``FALSE``) and ``maintenance-event`` (``NONE``) at
   ``/computeMetadata/v1/instance/<name>``, each with an ``ETag``, long polls included
   (``?wait_for_change=true``, ``last_etag``, ``timeout_sec``) as Compute Engine's server answers them:
-  ``served.instance.change(name, value)`` changes one and answers the polls waiting on it at once.
+  ``served.instance.change(name, value)`` changes one and answers the polls waiting on it at once;
+  ``"impatient"`` answers a long poll at once, changed or not.
 - ``slice_attributes(worker, ips, tpu_env)``: the three attributes of one VM of a slice.
 - ``V4_16_TPU_ENV``: the ``tpu-env`` of a v4-16 (two hosts of 2x2x1 chips), in the metadata's format.
 - ``hanging_lookup(directory)``: a real name lookup that never ends, for a metadata server whose name
@@ -42,7 +43,7 @@ REDIRECT_TARGET = "/elsewhere"
 HANGING_NAME = "xlarun-metadata"
 PROBE_S = 5.0
 """How long the probe lookup may take to open the FIFO before the resolver is taken not to read it."""
-Behaviour = Literal["answer", "drip", "endless", "redirect"]
+Behaviour = Literal["answer", "drip", "endless", "redirect", "impatient"]
 
 V4_16_TPU_ENV = """ACCELERATOR_TYPE: 'v4-16'
 CHIPS_PER_HOST_BOUNDS: '2,2,1'
@@ -57,7 +58,8 @@ ZONE: 'us-central2-b'
 class InstanceValues:
     """The instance's values the server long-polls, each with its ETag (its version's number)."""
 
-    def __init__(self, closing: threading.Event) -> None:
+    def __init__(self, closing: threading.Event, waits: bool = True) -> None:
+        self._waits = waits
         self._values = {"preempted": "FALSE", "maintenance-event": "NONE"}
         self._versions = dict.fromkeys(self._values, 1)
         self._changed = threading.Condition()
@@ -79,7 +81,7 @@ class InstanceValues:
             return None
         with self._changed:
             seen = self._versions[name]
-            if query.get("wait_for_change") == ["true"]:
+            if self._waits and query.get("wait_for_change") == ["true"]:
                 last = query.get("last_etag", [str(seen)])[0]
                 deadline = time.monotonic() + float(query.get("timeout_sec", ["3600"])[0])
                 while str(self._versions[name]) == last and not self._closing.is_set():
@@ -110,7 +112,7 @@ def slice_attributes(worker: int, ips: list[str], tpu_env: str = V4_16_TPU_ENV) 
 def serve_metadata(attributes: Mapping[str, str], behaviour: Behaviour = "answer") -> Iterator[Served]:
     requests: list[tuple[str, str | None]] = []
     closing = threading.Event()
-    instance = InstanceValues(closing)
+    instance = InstanceValues(closing, waits=behaviour != "impatient")
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
