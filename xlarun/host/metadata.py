@@ -238,7 +238,7 @@ NOTICES = (
 )
 """Google's values: ``instance/preempted`` is ``TRUE`` or ``FALSE``; ``instance/maintenance-event`` ``NONE``
 or one of these, set 60 s before the maintenance. Any other value announces nothing."""
-NOTICE_KEYS = ("preempted", "maintenance-event")
+NOTICE_KEYS = tuple(dict.fromkeys(notice.key for notice in NOTICES))
 LONG_POLL_S = 300
 """How long the server may hold one long poll (``timeout_sec``): a quiet VM costs one request per key this often."""
 MAX_PAUSE_S = 60.0
@@ -271,7 +271,8 @@ class Notices:
         return [NOTICES[index] for index in data if index < len(NOTICES)]
 
     def close(self) -> None:
-        """No notice comes after this; a thread still waiting on the server ends once it answers or its deadline passes."""
+        """No notice comes after this; a thread still waiting on the server ends once it answers or its
+        deadline passes."""
         self._closed.set()
         with self._lock:
             if self._write_fd >= 0:
@@ -318,7 +319,7 @@ class Notices:
                         try:
                             os.write(self._write_fd, bytes([index]))
                         except BlockingIOError:
-                            pass  # hundreds of notices unread: one more says nothing new
+                            pass  # a pipe full of unread notices: one more says nothing new
 
 
 def _longer(pause: float) -> float:

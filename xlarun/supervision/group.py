@@ -280,8 +280,8 @@ class WorkerGroup:
                 self._start(spec)
                 if self._stopping is not None:
                     break
-            if self._hangs.progress is not None:
-                self._hangs.progress()  # the silence counts from the workers' start
+            for watch in self._watches:
+                watch.started()
             self._loop()
             self._release_from_guard()
         except BaseException:

@@ -2,13 +2,13 @@
 
 Usage (the worker group drives them; a run adds its own through ``WorkerGroup(..., watches=[...])``)::
 
-    hangs = Hangs(timeout=600.0, on_hang=announce, on_stacks=publish)
-    for watch in (hangs, OomWatch(), *watches):
-        watch.start(group)              # before the first worker starts
+    watches = (Hangs(timeout=600.0, on_hang=announce, on_stacks=publish), OomWatch(), *given)
+    watch.start(group)              # before the first worker starts
+    watch.started()                 # every worker started: the loop begins
     wait = min(left for watch in watches if (left := watch.seconds_left()) is not None)
-    watch.look()                        # its time came (the group is not being torn down)
-    watch.failed(result)                # a worker failed: what the watch knows of it goes in its result
-    watch.close()                       # the group is gone
+    watch.look()                    # its time came (the group is not being torn down)
+    watch.failed(result)            # a worker failed: what the watch knows of it goes in its result
+    watch.close()                   # the group is gone
 
 A watch fires on the clock (:meth:`Watch.seconds_left`, then :meth:`Watch.look`) or on a descriptor it
 listens to through the group (:meth:`WatchedGroup.listen`: a thread of its own writes to a pipe), so the
@@ -77,7 +77,8 @@ class WatchedGroup(Protocol):
         ...
 
     def held_back(self) -> list[int]:
-        """The console descriptors too far behind to take the workers' output (:class:`~xlarun.supervision.relay.PipeReaders`)."""
+        """The console descriptors too far behind to take the workers' output
+        (:class:`~xlarun.supervision.relay.PipeReaders`)."""
         ...
 
     def listen(self, fd: int, callback: Callable[[], None]) -> None:
@@ -100,6 +101,9 @@ class Watch:
 
     def start(self, group: WatchedGroup) -> None:
         """The group is about to start its workers."""
+
+    def started(self) -> None:
+        """Every worker started (or the start failed): the loop begins."""
 
     def seconds_left(self) -> float | None:
         """How long the loop may wait before :meth:`look` is due; None: nothing is due on the clock."""
@@ -158,6 +162,10 @@ class Hangs(Watch):
 
     def start(self, group: WatchedGroup) -> None:
         self._group = group
+
+    def started(self) -> None:
+        if self._watch is not None:
+            self._watch.saw_progress()  # the silence counts from the workers' start
 
     def seconds_left(self) -> float | None:
         return None if self._watch is None or self._taking is not None else self._watch.seconds_left()
