@@ -44,6 +44,7 @@ TORCH_FREE = frozenset(
         "test_metadata.py",
         "test_notebook.py",
         "test_orphans.py",
+        "test_preemption.py",
         "test_restarts.py",
         "test_signals.py",
         "test_stalls.py",

@@ -7,6 +7,11 @@
   it answered are in its ``requests`` list. ``behaviour`` makes it a broken server instead:
   ``"drip"`` sends its answer one byte every ``DRIP_INTERVAL_S``, ``"endless"`` an answer whose
   body never ends, as fast as it is read, ``"redirect"`` a 302 to ``REDIRECT_TARGET`` on itself.
+  It also serves the instance's ``preempted`` (``FALSE``) and ``maintenance-event`` (``NONE``) at
+  ``/computeMetadata/v1/instance/<name>``, each with an ``ETag``, long polls included
+  (``?wait_for_change=true``, ``last_etag``, ``timeout_sec``) as Compute Engine's server answers them:
+  ``served.instance.change(name, value)`` changes one and answers the polls waiting on it at once;
+  ``"impatient"`` answers a long poll at once, changed or not.
 - ``slice_attributes(worker, ips, tpu_env)``: the three attributes of one VM of a slice.
 - ``V4_16_TPU_ENV``: the ``tpu-env`` of a v4-16 (two hosts of 2x2x1 chips), in the metadata's format.
 - ``hanging_lookup(directory)``: a real name lookup that never ends, for a metadata server whose name
@@ -27,16 +32,18 @@ from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Literal, NamedTuple
+from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-PREFIX = "/computeMetadata/v1/instance/attributes/"
+INSTANCE_PREFIX = "/computeMetadata/v1/instance/"
+PREFIX = INSTANCE_PREFIX + "attributes/"
 DRIP_INTERVAL_S = 4.0
 REDIRECT_TARGET = "/elsewhere"
 HANGING_NAME = "xlarun-metadata"
 PROBE_S = 5.0
 """How long the probe lookup may take to open the FIFO before the resolver is taken not to read it."""
-Behaviour = Literal["answer", "drip", "endless", "redirect"]
+Behaviour = Literal["answer", "drip", "endless", "redirect", "impatient"]
 
 V4_16_TPU_ENV = """ACCELERATOR_TYPE: 'v4-16'
 CHIPS_PER_HOST_BOUNDS: '2,2,1'
@@ -48,11 +55,47 @@ ZONE: 'us-central2-b'
 """
 
 
+class InstanceValues:
+    """The instance's values the server long-polls, each with its ETag (its version's number)."""
+
+    def __init__(self, closing: threading.Event, waits: bool = True) -> None:
+        self._waits = waits
+        self._values = {"preempted": "FALSE", "maintenance-event": "NONE"}
+        self._versions = dict.fromkeys(self._values, 1)
+        self._changed = threading.Condition()
+        self._closing = closing
+
+    def change(self, name: str, value: str) -> None:
+        with self._changed:
+            self._values[name] = value
+            self._versions[name] += 1
+            self._changed.notify_all()
+
+    def wake(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
+
+    def answer(self, name: str, query: Mapping[str, list[str]]) -> tuple[str, str] | None:
+        """The value and ETag to answer with, once the long poll may end; None for a name not served."""
+        if name not in self._values:
+            return None
+        with self._changed:
+            seen = self._versions[name]
+            if self._waits and query.get("wait_for_change") == ["true"]:
+                last = query.get("last_etag", [str(seen)])[0]
+                deadline = time.monotonic() + float(query.get("timeout_sec", ["3600"])[0])
+                while str(self._versions[name]) == last and not self._closing.is_set():
+                    if not self._changed.wait(max(0.0, deadline - time.monotonic())):
+                        break
+            return self._values[name], str(self._versions[name])
+
+
 class Served(NamedTuple):
     host: str
     """``GCE_METADATA_HOST``: ``127.0.0.1:<port>``."""
     requests: list[tuple[str, str | None]]
     """(path, Metadata-Flavor header) of every request answered."""
+    instance: InstanceValues
 
 
 def slice_attributes(worker: int, ips: list[str], tpu_env: str = V4_16_TPU_ENV) -> dict[str, str]:
@@ -69,6 +112,7 @@ def slice_attributes(worker: int, ips: list[str], tpu_env: str = V4_16_TPU_ENV) 
 def serve_metadata(attributes: Mapping[str, str], behaviour: Behaviour = "answer") -> Iterator[Served]:
     requests: list[tuple[str, str | None]] = []
     closing = threading.Event()
+    instance = InstanceValues(closing, waits=behaviour != "impatient")
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -86,6 +130,8 @@ def serve_metadata(attributes: Mapping[str, str], behaviour: Behaviour = "answer
                 self.end_headers()
             elif flavor != "Google":
                 self.send_error(403, "Missing Metadata-Flavor:Google header")
+            elif name is None and self.path.startswith(INSTANCE_PREFIX):
+                self.answer_instance()
             elif name is None or name not in attributes:
                 self.send_error(404)
             else:
@@ -95,6 +141,23 @@ def serve_metadata(attributes: Mapping[str, str], behaviour: Behaviour = "answer
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 self.wfile.write(body)
+
+        def answer_instance(self) -> None:
+            address = urlsplit(self.path)
+            answer = instance.answer(address.path.removeprefix(INSTANCE_PREFIX), parse_qs(address.query))
+            if answer is None:
+                self.send_error(404)
+                return
+            body = answer[0].encode()
+            self.send_response(200)
+            self.send_header("Metadata-Flavor", "Google")
+            self.send_header("ETag", answer[1])
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            try:
+                self.wfile.write(body)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # a poll the launcher gave up on as it ended
 
         def misbehave(self) -> None:
             if behaviour == "drip":
@@ -119,9 +182,10 @@ def serve_metadata(attributes: Mapping[str, str], behaviour: Behaviour = "answer
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     try:
-        yield Served(f"127.0.0.1:{server.server_address[1]}", requests)
+        yield Served(f"127.0.0.1:{server.server_address[1]}", requests, instance)
     finally:
         closing.set()
+        instance.wake()
         server.shutdown()
         server.server_close()
 

@@ -86,14 +86,27 @@ class SignalList:
             name = item.strip()
             if not name:
                 continue
-            number = signal.Signals.__members__.get(name)
-            if number is None:
-                raise InvalidValue(f"{name!r} is no signal name")
+            number = _signal_named(name)
             if number in _UNHANDLEABLE:
                 raise InvalidValue(f"{name} cannot be handled: {_UNHANDLEABLE[number]}")
             if number not in signals:
                 signals.append(number)
         return cls(tuple(signals), text)
+
+
+def _signal_named(name: str) -> signal.Signals:
+    number = signal.Signals.__members__.get(name)
+    if number is None:
+        raise InvalidValue(f"{name!r} is no signal name")
+    return number
+
+
+def parse_signal(text: str) -> signal.Signals:
+    """One signal, named as the ``signal`` module spells it (``SIGUSR1``), that a worker can catch."""
+    number = _signal_named(text.strip())
+    if number in (signal.SIGKILL, signal.SIGSTOP):
+        raise InvalidValue(f"{number.name} cannot be caught: no worker could act on it")
+    return number
 
 
 def parse_port(text: str) -> int:
@@ -216,6 +229,8 @@ class LaunchConfig:
     """``--event-log``: the file the run's events are appended to as JSON lines, ``-`` for stderr."""
     hang_timeout: float | None = None
     """Seconds without progress and CPU after which a node's workers count as hung (None: not watched)."""
+    preemption_signal: int | None = None
+    """Sent to every worker when the metadata server says the VM stops (None: none is sent)."""
     dry_run: bool = False
     allow_busy_device: bool = False
     console_whole_lines: bool = False

@@ -130,6 +130,23 @@ def test_the_worker_group_loads_neither_the_option_table_nor_a_runtime() -> None
     assert [name for name in loaded if name.startswith(("xlarun.cli", "xlarun.runtimes", "xlarun.planning"))] == []
 
 
+def test_the_worker_group_stays_a_loop_over_workers() -> None:
+    # What watches the workers (hangs, the console, the OOM killer, ...) lives in objects of its own
+    # (xlarun.supervision.watches), not in the loop's fields and methods.
+    tree = ast.parse((PACKAGE / "supervision" / "group.py").read_text())
+    group = next(node for node in tree.body if isinstance(node, ast.ClassDef) and node.name == "WorkerGroup")
+    fields = {
+        node.attr
+        for node in ast.walk(group)
+        if isinstance(node, ast.Attribute)
+        and isinstance(node.ctx, ast.Store)
+        and isinstance(node.value, ast.Name)
+        and node.value.id == "self"
+    }
+    assert group.end_lineno is not None and group.end_lineno - group.lineno + 1 <= 300
+    assert len(fields) <= 15, sorted(fields)
+
+
 def test_a_worker_loads_no_planning_module() -> None:
     # What a worker shares with the launcher is the contract (xlarun.contract), not the launcher's plan.
     loaded = subprocess.run(

@@ -123,6 +123,12 @@ BAD_INPUTS = {
         {"XLARUN_HANG_TIMEOUT": "1e308"},
         "--hang-timeout (from XLARUN_HANG_TIMEOUT)='1e308' is invalid (over 7 days)",
     ),
+    "preemption signal without SIG": (
+        ["--preemption-signal", "USR1"],
+        {},
+        "--preemption-signal='USR1' is invalid ('USR1' is no signal name): expected a signal name such as SIGUSR1",
+    ),
+    "preemption signal no worker can catch": (["--preemption-signal", "SIGKILL"], {}, "SIGKILL cannot be caught"),
     "monitor interval not a number": (["--monitor-interval", "nan"], {}, "--monitor-interval='nan' is invalid"),
     "tee rank of too many digits": (["--tee", "1" * 5000 + ":1"], {}, "--tee='111"),
 }

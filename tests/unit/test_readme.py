@@ -43,8 +43,16 @@ def code_variables() -> set[str]:
     names: set[str] = set()
     for path in (REPO / "xlarun").rglob("*.py"):
         names.update(re.findall(r"[\"']([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+)[\"']", path.read_text()))
-    # Not variables: a positional argument's name, a sysconf name, a PJRT_DEVICE value, a torchrun event's state.
-    return names - {"TRAINING_SCRIPT", "SC_CLK_TCK", "TPU_LEGACY", "ASSIGN_WORKER_RANKS"}
+    # Not variables: a positional argument's name, a sysconf name, a PJRT_DEVICE value, a torchrun event's state,
+    # the metadata server's maintenance notices.
+    return names - {
+        "TRAINING_SCRIPT",
+        "SC_CLK_TCK",
+        "TPU_LEGACY",
+        "ASSIGN_WORKER_RANKS",
+        "TERMINATE_ON_HOST_MAINTENANCE",
+        "MIGRATE_ON_HOST_MAINTENANCE",
+    }
 
 
 def test_every_variable_xlarun_sets_or_reads_is_in_the_reference() -> None:

@@ -17,11 +17,14 @@ from typing import IO, Any
 
 import pytest
 
+from xlarun.console import flush_consoles
+from xlarun.host.metadata import NOTICES, Notice
 from xlarun.supervision.group import GroupOutcome, WorkerGroup, WorkerResult
 from xlarun.supervision.process import StreamTarget, Usage, WorkerSpec
 from xlarun.supervision.relay import StreamPlan, WorkerLogPlan
 from xlarun.supervision.signals import RELAYED_SIGNALS
 from xlarun.supervision.stacks import UNKNOWN
+from xlarun.supervision.watches import NoticeWatch
 
 _pids = itertools.count(100000)
 
@@ -356,3 +359,58 @@ def test_a_pipe_closed_by_an_earlier_event_of_the_same_batch_is_not_read() -> No
     outcome = WorkerGroup([spec(0), spec(1)], start_process=start).run(inbox)  # type: ignore[arg-type]
     assert outcome.launcher_signal == signal.SIGTERM
     assert [result.returncode for result in outcome.results] == [-signal.SIGTERM, -signal.SIGTERM]
+
+
+class FakeNotices:
+    """The metadata server's notices as a watch reads them: a real pipe, the notices themselves in memory."""
+
+    def __init__(self) -> None:
+        self.fd, self._write = os.pipe()
+        os.set_blocking(self.fd, False)
+        self.pending: list[Notice] = []
+
+    def send(self, notice: Notice) -> None:
+        self.pending.append(notice)
+        os.write(self._write, b"n")
+
+    def read(self) -> list[Notice]:
+        try:
+            os.read(self.fd, 512)
+        except BlockingIOError:
+            pass
+        received, self.pending = self.pending, []
+        return received
+
+    def close(self) -> None:
+        os.close(self.fd)
+        os.close(self._write)
+
+
+def test_a_notice_that_the_vm_stops_sends_the_preemption_signal_to_every_worker(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    flush_consoles()  # the console writes from a thread of its own: what earlier tests said goes first
+    capfd.readouterr()
+    notices, told = FakeNotices(), []
+    watch = NoticeWatch(notices, signal.SIGUSR1, lambda notice, sent: told.append((notice, sent)))  # type: ignore[arg-type]
+    notices.send(NOTICES[0])
+    # The workers save their work on SIGUSR1 and end.
+    outcome, processes = run_group(
+        {0: {"finishes_on": signal.SIGUSR1}, 1: {"finishes_on": signal.SIGUSR1}}, watches=[watch]
+    )
+    # First the notice's signal (the teardown of every group that follows sends SIGTERM to what is left).
+    assert outcome.succeeded and [process.signals[0] for process in processes] == [signal.SIGUSR1] * 2
+    assert told == [(NOTICES[0], signal.SIGUSR1)] and watch.stopping_notice == NOTICES[0]
+    flush_consoles()
+    assert "this VM is preempted and stops in about 30 s; sent SIGUSR1 to every worker" in capfd.readouterr().err
+    watch.end()
+
+
+def test_a_notice_between_two_groups_is_told_at_the_runs_end_with_no_signal() -> None:
+    notices, told = FakeNotices(), []
+    watch = NoticeWatch(notices, signal.SIGUSR1, lambda notice, sent: told.append((notice, sent)))  # type: ignore[arg-type]
+    outcome, _ = run_group({0: {"exit_code": 0}, 1: {"exit_code": 0}}, watches=[watch])
+    assert outcome.succeeded
+    notices.send(NOTICES[1])
+    watch.end()
+    assert told == [(NOTICES[1], None)] and watch.stopping_notice == NOTICES[1]

@@ -32,6 +32,7 @@ from xlarun.config import (
     SignalList,
     StreamSpec,
     parse_port,
+    parse_signal,
     split_endpoint,
 )
 from xlarun.durations import Seconds
@@ -707,6 +708,16 @@ OPTIONS: tuple[Option, ...] = (
         allowed=SECONDS.allowed,
         variable="XLARUN_HANG_TIMEOUT",
         metavar="SECONDS",
+        shown_default="off",
+    ),
+    _xlarun(
+        ("--preemption-signal", "--preemption_signal"),
+        "Send this signal to every worker the moment a GCE metadata server says the VM stops (a "
+        "preemption, host maintenance), e.g. SIGUSR1 for a handler that saves a checkpoint; the run goes "
+        "on until the VM's own SIGTERM. Every notice is said and logged either way.",
+        parse_signal,
+        allowed="expected a signal name such as SIGUSR1",
+        metavar="SIGNAL",
         shown_default="off",
     ),
     _xlarun(

@@ -73,6 +73,7 @@ _TAKEN_AS_PARSED = (
     "dry_run",
     "allow_busy_device",
     "hang_timeout",
+    "preemption_signal",
 )
 
 

@@ -58,6 +58,24 @@ def host_root(environ: Mapping[str, str]) -> str:
     return environ.get(HOST_ROOT_VARIABLE) or "/"
 
 
+METADATA_HOST_VARIABLE = "GCE_METADATA_HOST"
+"""Where Google's own clients (google-auth) find the metadata server when set (``host[:port]``)."""
+DMI_PRODUCT_NAME = "sys/class/dmi/id/product_name"
+
+
+def has_metadata_server(environ: Mapping[str, str]) -> bool:
+    """Whether this host has a GCE metadata server: ``GCE_METADATA_HOST`` names one, or the firmware
+    says the host is a Google Compute Engine VM (every TPU VM and GKE node is one), by DMI's product
+    name as google-auth reads it. One small read: no request is made."""
+    if environ.get(METADATA_HOST_VARIABLE):
+        return True
+    try:
+        with open(os.path.join(host_root(environ), DMI_PRODUCT_NAME)) as product:
+            return product.read(256).startswith("Google")
+    except OSError:
+        return False
+
+
 def pjrt_device_name(device: str) -> str:
     """``PJRT_DEVICE``'s spelling of a resolved device (``"tpu"`` -> ``"TPU"``)."""
     return _PJRT_NAMES[device]

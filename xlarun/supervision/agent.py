@@ -30,6 +30,7 @@ from xlarun.console import say
 from xlarun.contract import read_error_file
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord, signal_name, stderr_excerpt
+from xlarun.host.devices import has_metadata_server
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import JobEnded, NodeStacks, Rendezvous
 from xlarun.supervision.end import HangCause, RootCause, RunEnd
@@ -41,6 +42,7 @@ from xlarun.supervision.process import WorkerSpec
 from xlarun.supervision.relay import step_log_on
 from xlarun.supervision.report import RunSummary, failure_of, host_name, print_root_cause, root_cause_record
 from xlarun.supervision.signals import SUSPEND_SIGNAL, SignalInbox, suspend_self
+from xlarun.supervision.watches import NoticeWatch
 
 T = TypeVar("T")
 
@@ -71,11 +73,14 @@ class Agent:
         self._root_cause: RootCause | None = None
         """The run's root cause, from the moment it is known (a fault while it is reported keeps it)."""
         self._run_dir = ""
+        self._notices: NoticeWatch | None = None
+        """The metadata server's preemption and maintenance notices, where this host has one."""
 
     def run(self) -> RunEnd:
         """Run the attempts; how the run ended. A launcher fault is raised as a :class:`LaunchError`
         once the summary file has its record."""
         guard = OrphanGuard().start()
+        self._notices = self._watch_notices()
         try:
             with SignalInbox(self.config.signals_to_handle.signals) as inbox:
                 end = self._attempts(inbox, guard)
@@ -84,6 +89,8 @@ class Agent:
             self._finish(RunEnd.launcher_error(str(error), error.exit_code, self._root_cause))
             raise
         except UsageError:
+            if self._notices is not None:
+                self._notices.end()
             raise  # bad input found late (a --log-dir that is a file): one line, exit 2
         except Exception as error:
             # A fault of the launcher's own (a bug; a disk full where it writes): the worker group
@@ -97,11 +104,33 @@ class Agent:
         finally:
             guard.release()
             self.rendezvous.close()
-        self._finish(end)
-        return end
+        return self._finish(end)
 
-    def _finish(self, end: RunEnd) -> None:
-        """The run's last event, the event sinks flushed (within :data:`EVENTS_FLUSH_S`), then the summary file."""
+    def _watch_notices(self) -> NoticeWatch | None:
+        """The metadata server's notices, watched where this host has one: elsewhere nothing is loaded or started."""
+        if not has_metadata_server(self.environ):
+            return None
+        from xlarun.host.metadata import Notice, Notices
+
+        def tell(notice: Notice, sent: int | None) -> None:
+            self.events.emit(
+                "preemption",
+                self._attempt,
+                notice=f"instance/{notice.key}",
+                value=notice.value,
+                stops=notice.stops,
+                signal=signal_name(sent) if sent is not None else None,
+            )
+
+        return NoticeWatch(Notices(self.environ), self.config.preemption_signal, tell)
+
+    def _finish(self, end: RunEnd) -> RunEnd:
+        """The run's last event, the event sinks flushed (within :data:`EVENTS_FLUSH_S`), then the summary file;
+        the end as they record it (preempted where the metadata server said the VM stops)."""
+        if self._notices is not None:
+            self._notices.end()
+            if self._notices.stopping_notice is not None:
+                end = end.preempted()
         events_dropped = None
         if self.events.active:
             root_cause = None if end.root_cause is None else root_cause_record(end.root_cause)
@@ -118,6 +147,7 @@ class Agent:
             (self._summary or RunSummary(run_id=self.config.rdzv_id)).write(
                 self.config.summary_file, end, events_dropped
             )
+        return end
 
     def _attempts(self, inbox: SignalInbox, guard: OrphanGuard) -> RunEnd:
         attempt = restarts = 0
@@ -156,6 +186,7 @@ class Agent:
                 on_stacks=self._stacks_publisher(node, attempt),
                 on_start=self._start_events(attempt),
                 on_exit=self._exit_events(attempt),
+                watches=() if self._notices is None else (self._notices,),
             )
             self.rendezvous.watch(group.request_stop)
             outcome = group.run(inbox)

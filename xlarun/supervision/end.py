@@ -18,16 +18,17 @@ the root cause's status (:func:`~xlarun.failures.exit_status`), 128+N for the la
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from xlarun.exceptions import LaunchError
 from xlarun.failures import HUNG_EXIT_CODE, FailureRecord, signal_exit_status
 from xlarun.rendezvous import LostNode, NodeStacks
 
-Result = Literal["succeeded", "failed", "hung", "signalled", "launcher_error", "not_needed"]
+Result = Literal["succeeded", "failed", "hung", "signalled", "launcher_error", "not_needed", "preempted"]
 """The summary file's ``result``: ``not_needed`` is a node the job ended without (an elastic job
-that finished before it was let in)."""
+that finished before it was let in); ``preempted`` a run that did not succeed after the metadata server
+said the VM stops (:meth:`RunEnd.preempted`)."""
 
 
 @dataclass(frozen=True)
@@ -121,6 +122,11 @@ class RunEnd:
     ) -> RunEnd:
         """The launcher could not carry on; ``root_cause`` is what had already failed, if anything."""
         return cls("launcher_error", exit_code, root_cause, error=error)
+
+    def preempted(self) -> RunEnd:
+        """This end, after the metadata server said the VM stops: ``preempted``, with the same exit code and
+        root cause, unless the run succeeded (or was not needed) all the same."""
+        return self if self.result in ("succeeded", "not_needed") else replace(self, result="preempted")
 
     @property
     def failure(self) -> FailureRecord | None:

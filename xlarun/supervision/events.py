@@ -47,6 +47,7 @@ EVENT_NAMES = (
     "hang.suspected",  # reason
     "hang.stacks",  # stacks_files: {rank: path}
     "oom.killed",  # rank, peak_rss_mib
+    "preemption",  # notice, value, stops, signal
     "launch.finished",  # process.exit.code, result, root_cause
 )
 

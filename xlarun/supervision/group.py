@@ -19,22 +19,18 @@ itself is killed before it could; an exception that breaks the loop tears the gr
 same way before it goes on (no worker outlives the loop). Stop requests come from other threads
 through a pipe of their own (:class:`~xlarun.supervision.signals.StopRequests`).
 
-With ``hang_timeout`` the loop also watches for a hang (:mod:`xlarun.supervision.hangs`): output
-it relays counts as progress, and once the timeout passes in silence it reads the workers' CPU
-time. A hung group is told of first (``on_hang``, so that the other nodes take their stacks
-too), then every running worker's stacks are taken (:func:`~xlarun.supervision.stacks.snapshot`) and handed
-on (``on_stacks``), then the group is torn down as for a failure. The stacks are taken on a thread
-(:class:`~xlarun.supervision.stacks.StackTaking`) whose progress reaches the loop as events, so that
-nothing slow runs on the loop: a signal or an exit meanwhile is handled at once. Another node's hang reaches it
-as ``request_stop(reason, hung=True)``. Each reaped worker's peak memory and CPU time come from
-the kernel's rusage, and a SIGKILL the kernel's evidence lays at the OOM killer's door is named so
-(:mod:`xlarun.host.oom`).
+What watches the workers around the loop is a set of objects of their own (:mod:`xlarun.supervision.watches`),
+each asked the same things: with ``hang_timeout``, :class:`~xlarun.supervision.watches.Hangs` (output
+the loop relays counts as progress; a hung group's stacks are taken, handed on through ``on_hang`` and
+``on_stacks``, then it is torn down as for a failure; another node's hang reaches it as
+``request_stop(reason, hung=True)``); the OOM killer's witness, which names a SIGKILL the kernel's
+evidence lays at its door; and whatever the run adds (``watches``). Each reaped worker's peak memory
+and CPU time come from the kernel's rusage.
 
 Worker output reaches the console through writers that never block the loop
 (:mod:`xlarun.console`); while a console is too far behind, the pipes that feed it are left
 unread (:class:`~xlarun.supervision.relay.PipeReaders`), so the workers wait in their writes and
-exits, signals and stops are still seen at once. That wait is not silence to the hang watch; once
-it lasted a hang timeout, one line says the console stalls.
+exits, signals and stops are still seen at once. That wait is not silence to the hang watch.
 
 The loop keeps one :class:`Worker` per worker: its spec, its process (and so its process
 group), the pidfd it waits on, its pipes and relays, and its result. Processes come from a
@@ -52,21 +48,14 @@ import resource
 import selectors
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
 
-from xlarun.console import say
-from xlarun.host.oom import OomWitness
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.process import PosixProcess, ProcessFactory, WorkerProcess, WorkerSpec, stream_target
 from xlarun.supervision.relay import Pipe, PipeReaders, StreamRelay, drain, read_tail
 from xlarun.supervision.signals import RELAYED_SIGNALS, SUSPEND_SIGNAL, SignalInbox, StopRequests, suspend_self
-
-if TYPE_CHECKING:
-    # Loaded when a run watches for hangs (hangs) or takes stacks (stacks), not by every launch.
-    from xlarun.supervision.hangs import HangWatch
-    from xlarun.supervision.stacks import StackTaking
+from xlarun.supervision.watches import Hang, Hangs, OomWatch, Watch
 
 
 @dataclass
@@ -91,30 +80,6 @@ class WorkerResult:
     @property
     def signal_number(self) -> int | None:
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
-
-
-@dataclass(frozen=True)
-class Hang:
-    """A hung attempt as one node saw it: the stacks it took, and where each rank stood."""
-
-    reason: str
-    positions: dict[int, str]
-    """Every rank of this node that was still running, by global rank."""
-    stacks_files: dict[int, str]
-    """The dump file of each rank whose stacks were taken."""
-    found_here: bool
-    """This node found the hang; otherwise another node said so."""
-
-
-@dataclass
-class HangInProgress:
-    """A hang found here or by another node, whose stacks are being taken before its teardown."""
-
-    reason: str
-    found_here: bool
-    taking: StackTaking
-    hang: Hang | None = None
-    """Set once the Python stacks are taken and handed on."""
 
 
 @dataclass
@@ -210,6 +175,19 @@ class Worker:
     stragglers: set[int] = field(default_factory=set)
     """Pidfds of processes left in the worker's group after it ended, waited for at teardown."""
 
+    @classmethod
+    def started(
+        cls,
+        spec: WorkerSpec,
+        process: WorkerProcess,
+        pidfd: int,
+        stdout_relay: StreamRelay | None,
+        stderr_relay: StreamRelay | None,
+    ) -> Worker:
+        """A worker whose process just started, with the relays of its pipes."""
+        result = WorkerResult(spec.local_rank, spec.rank, process.pid, time.time(), error_file=spec.logs.error_file)
+        return cls(spec, process, result, pidfd, stdout_relay, stderr_relay)
+
     @property
     def pgid(self) -> int:
         return self.process.pid
@@ -225,6 +203,13 @@ class Worker:
         usage = self.process.usage
         if usage is not None:
             self.result.peak_rss_mib, self.result.cpu_s = usage.peak_rss_mib, usage.cpu_s
+
+    def finish(self) -> None:
+        """After the loop: the steps its step log counted; its dump file gone where no dump went to it."""
+        relay = self.stderr_relay
+        if relay is not None and relay.step_log is not None:
+            self.result.steps = relay.step_log.steps
+        remove_if_empty(self.spec.logs.stacks_file)
 
     def stderr_tail(self) -> list[str]:
         if self.stderr_relay is not None:
@@ -257,33 +242,25 @@ class WorkerGroup:
         on_stacks: Callable[[Hang], None] | None = None,
         on_start: Callable[[WorkerResult], None] | None = None,
         on_exit: Callable[[WorkerResult, bool], None] | None = None,
+        watches: Sequence[Watch] = (),
     ):
         self._specs = specs
         self._kill_timeout = kill_timeout
         self._guard = guard
         self._on_failure = on_failure
         self._start_process = start_process or functools.partial(PosixProcess, guard=guard)
-        self._on_hang = on_hang
-        self._on_stacks = on_stacks
         self._on_start = on_start
         self._on_exit = on_exit
         """Told of each worker started, and of each exit with whether it failed (a teardown's are not failures)."""
-        self._hang_watch: HangWatch | None = None
-        if hang_timeout is not None:
-            from xlarun.supervision.hangs import HangWatch
-
-            self._hang_watch = HangWatch(hang_timeout, self._cpu_by_rank)
+        self._hangs = Hangs(hang_timeout, on_hang, on_stacks)
+        self._watches: tuple[Watch, ...] = (self._hangs, OomWatch(), *watches)
         self._selector = selectors.DefaultSelector()
-        self._readers = PipeReaders(self._selector, self._hang_watch.saw_progress if self._hang_watch else None)
+        self._readers = PipeReaders(self._selector, self._hangs.progress)
         self._stop_requests = StopRequests()
         self._workers: list[Worker] = []
         self._failures: list[WorkerResult] = []
         self._stopping: Stopping | None = None
         """None until the teardown begins."""
-        self._oom_witness: OomWitness | None = None
-        self._said_console_stalled = False
-        self._hang_in_progress: HangInProgress | None = None
-        """A hang whose stacks are being taken, before its teardown."""
 
     def request_stop(self, reason: str, hung: bool = False) -> None:
         """Ask the loop to tear the group down (safe from any thread, e.g. a rendezvous watcher;
@@ -297,13 +274,14 @@ class WorkerGroup:
         try:
             if self._guard is not None:
                 self._guard.wait_ready()
-            self._oom_witness = OomWitness(len(self._specs))
+            for watch in self._watches:
+                watch.start(self)
             for spec in self._specs:
                 self._start(spec)
                 if self._stopping is not None:
                     break
-            if self._hang_watch is not None:
-                self._hang_watch.saw_progress()  # the silence counts from the workers' start
+            for watch in self._watches:
+                watch.started()
             self._loop()
             self._release_from_guard()
         except BaseException:
@@ -313,10 +291,7 @@ class WorkerGroup:
         finally:
             self._close()
         for worker in self._workers:
-            relay = worker.stderr_relay
-            if relay is not None and relay.step_log is not None:
-                worker.result.steps = relay.step_log.steps
-            remove_if_empty(worker.spec.logs.stacks_file)
+            worker.finish()
         ordered = sorted((worker.result for worker in self._workers), key=lambda result: result.local_rank)
         end = self._stopping or Stopping(Cause.ENDED, deadline=None)
         return GroupOutcome(
@@ -327,6 +302,36 @@ class WorkerGroup:
             start_failed=end.cause is Cause.START_FAILED,
             hang=end.hang,
         )
+
+    # What a watch sees of the group and may do to it (xlarun.supervision.watches.WatchedGroup).
+
+    @property
+    def size(self) -> int:
+        return len(self._specs)
+
+    @property
+    def stopping(self) -> bool:
+        return self._stopping is not None
+
+    def live(self) -> list[Worker]:
+        return [worker for worker in self._workers if worker.result.returncode is None]
+
+    def held_back(self) -> list[int]:
+        return self._readers.held_back()
+
+    def listen(self, fd: int, callback: Callable[[], None]) -> None:
+        self._selector.register(fd, selectors.EVENT_READ, callback)
+
+    def unlisten(self, fd: int) -> None:
+        self._selector.unregister(fd)
+
+    def signal_workers(self, number: int) -> None:
+        for worker in self._workers:
+            worker.process.signal_group(number)
+
+    def stop_hung(self, hang: Hang) -> None:
+        if self._stopping is None:
+            self._begin_stop(Stopping(hang, self._grace_end(), hang.reason))
 
     def _start(self, spec: WorkerSpec) -> None:
         try:
@@ -353,20 +358,7 @@ class WorkerGroup:
         except OSError:
             process.signal_group(signal.SIGKILL)  # started, but it could never be watched
             raise
-        worker = Worker(
-            spec=spec,
-            process=process,
-            pidfd=pidfd,
-            result=WorkerResult(
-                local_rank=spec.local_rank,
-                rank=spec.rank,
-                pid=process.pid,
-                started_at=time.time(),
-                error_file=spec.logs.error_file,
-            ),
-            stdout_relay=stdout_relay,
-            stderr_relay=stderr_relay,
-        )
+        worker = Worker.started(spec, process, pidfd, stdout_relay, stderr_relay)
         self._workers.append(worker)
         for pipe, relay in ((process.stdout, stdout_relay), (process.stderr, stderr_relay)):
             if pipe is not None and relay is not None:
@@ -381,96 +373,20 @@ class WorkerGroup:
                 # An earlier callback of the same batch may have closed it (a worker's exit drains its pipes).
                 if self._selector.get_map().get(key.fd) is key:
                     key.data()
-            watch = self._hang_watch if self._stopping is None and self._hang_in_progress is None else None
-            if watch is not None and watch.seconds_left() == 0:
-                if held := self._readers.held_back():
-                    self._console_stalled(watch, held)
-                else:
-                    self._check_hang(watch)
+            for watch in self._watches:
+                if self._stopping is None and watch.seconds_left() == 0:
+                    watch.look()
             if self._stopping is not None and self._stopping.due(time.monotonic()):
                 self._stopping = self._stopping.killed()
-                for worker in self._workers:
-                    worker.process.signal_group(signal.SIGKILL)
+                self.signal_workers(signal.SIGKILL)
         for worker in self._workers:
             drain(worker.pipes)  # everything the workers wrote before they died reaches the logs and the console
 
     def _wait_time(self) -> float | None:
-        """How long the loop may wait for an event: until the kill deadline or the next hang check."""
+        """How long the loop may wait for an event: until the kill deadline or the first watch's look."""
         if self._stopping is not None:
             return self._stopping.seconds_left(time.monotonic())
-        if self._hang_watch is None or self._hang_in_progress is not None:
-            return None
-        return self._hang_watch.seconds_left()
-
-    def _live(self) -> list[Worker]:
-        return [worker for worker in self._workers if worker.result.returncode is None]
-
-    def _cpu_by_rank(self) -> dict[int, float]:
-        from xlarun.supervision.hangs import group_cpu_seconds
-
-        live = self._live()
-        seconds = group_cpu_seconds(worker.pgid for worker in live)
-        return {worker.spec.local_rank: seconds[worker.pgid] for worker in live}
-
-    def _check_hang(self, watch: HangWatch) -> None:
-        from xlarun.supervision.hangs import Verdict, busy_notice
-
-        verdict = watch.check()
-        if verdict is Verdict.BUSY and watch.busy_checks == 1:
-            say(busy_notice(watch))
-        elif verdict is Verdict.HUNG:
-            self._stacks_then_stop(f"no output for {watch.quiet_for:.0f} s and no CPU use", found_here=True)
-
-    def _console_stalled(self, watch: HangWatch, consoles: list[int]) -> None:
-        """The launcher itself held the workers' output back, its console being too far behind: that
-        time is not the workers' silence. Said once; the silence counts anew."""
-        watch.saw_progress()
-        if not self._said_console_stalled:
-            self._said_console_stalled = True
-            names = " and ".join({1: "stdout", 2: "stderr"}.get(fd, f"descriptor {fd}") for fd in consoles)
-            say(
-                f"the launcher's {names} took no output for {watch.timeout:g} s (a paused terminal, a stalled "
-                "pipe?): the workers wait to write, which is no hang; the run goes on"
-            )
-
-    def _stacks_then_stop(self, reason: str, found_here: bool) -> None:
-        """The attempt is hung: tell the other nodes (when found here), take every running worker's
-        stacks, then tear the group down as for a failure. The stacks are taken on a thread of their
-        own (:class:`~xlarun.supervision.stacks.StackTaking`), whose progress comes back as events:
-        meanwhile a signal, an exit or a stop request is handled at once, and tears the group down
-        without waiting for the stacks."""
-        from xlarun.supervision.stacks import StackTaking, StackTarget
-
-        if self._stopping is not None or self._hang_in_progress is not None:
-            return
-        if found_here and self._on_hang is not None:
-            self._on_hang(reason)  # first, so that the other nodes take their stacks while every rank still waits
-        targets = [
-            StackTarget(worker.result.rank, worker.pgid, worker.spec.logs.stacks_file) for worker in self._live()
-        ]
-        taking = StackTaking(targets)
-        self._hang_in_progress = HangInProgress(reason, found_here, taking)
-        self._selector.register(taking.fd, selectors.EVENT_READ, self._on_stacks_taken)
-
-    def _on_stacks_taken(self) -> None:
-        """The Python stacks are taken (handed on before the teardown, which can take the grace period),
-        then py-spy's native frames follow them into the files (the teardown waits for those)."""
-        progress = self._hang_in_progress
-        assert progress is not None
-        progress.taking.read_events()
-        taken = progress.taking.taken
-        if progress.hang is None and taken is not None and self._stopping is None:
-            for worker in self._workers:
-                worker.result.position = taken.positions.get(worker.result.rank, worker.result.position)
-            progress.hang = Hang(progress.reason, taken.positions, taken.stacks_files, progress.found_here)
-            if self._on_stacks is not None:
-                self._on_stacks(progress.hang)
-        if progress.taking.done:
-            self._selector.unregister(progress.taking.fd)
-            if self._stopping is None:
-                # No hang without its teardown, even where taking the stacks failed.
-                hang = progress.hang or Hang(progress.reason, {}, {}, progress.found_here)
-                self._begin_stop(Stopping(hang, self._grace_end(), progress.reason))
+        return min((left for watch in self._watches if (left := watch.seconds_left()) is not None), default=None)
 
     def _on_worker_exit(self, worker: Worker) -> None:
         assert worker.pidfd is not None
@@ -485,10 +401,10 @@ class WorkerGroup:
             drain(worker.pipes)
             result.stderr_tail = worker.stderr_tail()
         if failed:
-            if result.returncode == -signal.SIGKILL and self._oom_witness is not None:
-                result.oom_killed = self._oom_witness.killed(result.pid, result.peak_rss_mib)
+            for watch in self._watches:
+                watch.failed(result)
             self._failures.append(result)
-        if self._stopping is None and (self._failures or not self._live()):
+        if self._stopping is None and (self._failures or not self.live()):
             self._begin_stop(Stopping(Cause.ENDED, self._grace_end()))
         elif self._stopping is not None:
             self._wait_for_stragglers(worker)
@@ -506,8 +422,7 @@ class WorkerGroup:
         """
         pending = [worker for worker in self._workers if worker.pidfd is not None]
         try:
-            for worker in self._workers:
-                worker.process.signal_group(signal.SIGTERM)
+            self.signal_workers(signal.SIGTERM)
             deadline = self._grace_end()
             with selectors.DefaultSelector() as exits:
                 for worker in pending:
@@ -517,8 +432,7 @@ class WorkerGroup:
                     for key, _ in exits.select(bounded_wait(left)):
                         exits.unregister(key.fileobj)
         finally:
-            for worker in self._workers:
-                worker.process.signal_group(signal.SIGKILL)
+            self.signal_workers(signal.SIGKILL)
         for worker in pending:
             assert worker.pidfd is not None
             self._unwatch(worker.pidfd)
@@ -532,8 +446,7 @@ class WorkerGroup:
     def _begin_stop(self, stopping: Stopping) -> None:
         """Send the stop's signal to every group, then wait for every member, SIGKILL at its deadline."""
         self._stopping = stopping
-        for worker in self._workers:
-            worker.process.signal_group(stopping.signal)
+        self.signal_workers(stopping.signal)
         for worker in self._workers:
             if worker.result.returncode is not None:
                 self._wait_for_stragglers(worker)
@@ -555,10 +468,12 @@ class WorkerGroup:
     def _on_signals(self, numbers: list[int]) -> None:
         for number in numbers:
             if number in RELAYED_SIGNALS:
-                for worker in self._workers:
-                    worker.process.signal_group(number)
+                self.signal_workers(number)
             elif number == SUSPEND_SIGNAL:
-                self._suspend()
+                # Ctrl-Z: the workers stop with the launcher and continue with it (see SUSPEND_SIGNAL).
+                self.signal_workers(signal.SIGSTOP)
+                suspend_self()
+                self.signal_workers(signal.SIGCONT)
             elif self._stopping is None:
                 self._begin_stop(Stopping(Cause.SIGNALLED, self._grace_end(), launcher_signal=number))
             elif self._stopping.launcher_signal is None:
@@ -567,21 +482,13 @@ class WorkerGroup:
                 # A second stop signal means "now": skip the grace period.
                 self._stopping = self._stopping.hurried(time.monotonic())
 
-    def _suspend(self) -> None:
-        """Ctrl-Z: the workers stop with the launcher and continue with it (see :data:`SUSPEND_SIGNAL`)."""
-        for worker in self._workers:
-            worker.process.signal_group(signal.SIGSTOP)
-        suspend_self()
-        for worker in self._workers:
-            worker.process.signal_group(signal.SIGCONT)
-
     def _on_stop_request(self) -> None:
         requests = self._stop_requests.receive()
         if not requests:
             return
         hung = next((request.reason for request in requests if request.hung), None)
         if hung is not None and self._stopping is None:
-            self._stacks_then_stop(hung, found_here=False)
+            self._hangs.found_elsewhere(hung)
             return  # the teardown follows the stacks
         reason = requests[0].reason if requests[0].reason.strip() else "stop requested"
         if self._stopping is None:
@@ -596,8 +503,8 @@ class WorkerGroup:
             self._guard.prune()
 
     def _close(self) -> None:
-        if self._hang_in_progress is not None:
-            self._hang_in_progress.taking.cancel()  # stacks no longer wanted: the workers are gone
+        for watch in self._watches:
+            watch.close()
         for key in list(self._selector.get_map().values()):
             if hasattr(key.fileobj, "close"):
                 key.fileobj.close()
@@ -606,8 +513,6 @@ class WorkerGroup:
             worker.close()
         self._selector.close()
         self._stop_requests.close()
-        if self._oom_witness is not None:
-            self._oom_witness.close()
 
 
 MAX_WAIT_S = 3600.0
