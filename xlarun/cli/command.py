@@ -21,13 +21,11 @@ from click.shell_completion import CompletionItem, get_completion_class
 
 from xlarun import __version__
 from xlarun.cli.options import ENV_SEPARATOR, OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
-from xlarun.cli.stacks import print_stacks, stacks_request
 from xlarun.console import flush_consoles, say
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.flags import flag
+from xlarun.flags import AGENT_FLAG, STACKS_NAME, flag
 from xlarun.host.devices import HOST_ROOT_VARIABLE
-from xlarun.remote.transport import AGENT_FLAG
 
 HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"
@@ -319,9 +317,12 @@ def main(argv: Sequence[str] | None = None) -> None:
             from xlarun.remote.agent import run_agent  # a host's agent, started by a multi-host launcher
 
             finish(run_agent())
-        wanted, launcher = stacks_request(args)
-        if wanted:
-            finish(print_stacks(launcher))
+        if args and args[0].startswith(STACKS_NAME):  # the stacks' module loads only where they may be asked for
+            from xlarun.cli.stacks import print_stacks, stacks_request
+
+            wanted, launcher = stacks_request(args)
+            if wanted:
+                finish(print_stacks(launcher))
         command_line = parse_command_line(args)
         code = 0 if command_line is None else launch_from_command_line(*command_line, os.environ)
     except UsageError as error:

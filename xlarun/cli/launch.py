@@ -31,8 +31,8 @@ from xlarun.planning.device import (
     count_workers,
     cpu_split_world,
     plan_device,
+    probe_node,
 )
-from xlarun.planning.dryrun import plan_document, probe_node
 from xlarun.planning.environment import check_virtual_local_rank, omp_threads_default, worker_variables
 from xlarun.planning.packages import followed_torchrun, installed_version
 from xlarun.ranks import NodeAssignment
@@ -326,6 +326,8 @@ def check_command(config: LaunchConfig) -> None:
 
 def print_plan(prepared: PreparedLaunch, environ: Mapping[str, str]) -> int:
     """Print the dry run's plan on stdout, and on stderr the lines a real run would print with what was assumed."""
+    from xlarun.planning.dryrun import plan_document  # the dry run's own module: a real run never loads it
+
     document = plan_document(
         prepared.config,
         prepared.device,
