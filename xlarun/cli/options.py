@@ -220,7 +220,7 @@ def _host_list(names: list[str]) -> tuple[str, ...]:
 def parse_hosts(text: str) -> tuple[str, ...]:
     """``h1,h2`` or Slurm's ranges (``tpu-w[0-3]``), read as Slurm reads ``SLURM_JOB_NODELIST``."""
     # The parsers of a job on several hosts load their modules only where such a job is asked for.
-    from xlarun.cli.hostlist import expand_hostlist
+    from xlarun.planning.hostlist import expand_hostlist
 
     try:
         return _host_list(expand_hostlist(text))
