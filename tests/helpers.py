@@ -17,7 +17,7 @@
   default 29500 being free: other jobs on the machine may hold it.
 - ``logical_lines(text)``: shell lines with backslash continuations joined (README and examples).
 - ``prepare(*argv, env=...)``: the two steps a launch takes before anything starts
-  (``parse_command_line`` and ``prepare_launch``), in-process, on a CPU host; ``refusal(...)``:
+  (``parse_command_line`` and ``plan_launch``), in-process, on a CPU host; ``refusal(...)``:
   the one line they refuse ``argv`` with.
 
 Launchers run as ``python -m ...`` with this interpreter, so xlarun and torchrun start
@@ -43,9 +43,9 @@ import psutil
 import pytest
 
 from xlarun.cli.command import parse_command_line
-from xlarun.cli.launch import PreparedLaunch, prepare_launch
 from xlarun.cli.options import read_options
 from xlarun.exceptions import UsageError
+from xlarun.planning.plan import LaunchPlan, plan_launch
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent
@@ -329,12 +329,12 @@ def logical_lines(text: str) -> Iterator[str]:
 HOST = {"XLARUN_HOST_ROOT": str(CPU_HOST)}
 
 
-def prepare(*argv: str, env: dict[str, str] | None = None) -> PreparedLaunch:
+def prepare(*argv: str, env: dict[str, str] | None = None) -> LaunchPlan:
     command_line = parse_command_line(list(argv))
     assert command_line is not None
     given, script, script_args = command_line
     environ = {**HOST, **(env or {})}
-    return prepare_launch(read_options(given, environ), script, script_args, environ)
+    return plan_launch(read_options(given, environ), script, script_args, environ)
 
 
 def refusal(*argv: str, env: dict[str, str] | None = None) -> str:

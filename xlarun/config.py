@@ -1,7 +1,7 @@
 """Launch data: what one launch runs and how, as immutable values every layer reads.
 
 :class:`LaunchConfig` is the whole launch, validated by the command line layer
-(:mod:`xlarun.cli.rules`); :class:`WorkerCommand` the program each worker runs. The small
+(:mod:`xlarun.planning.rules`); :class:`WorkerCommand` the program each worker runs. The small
 values the flags parse into (:class:`NprocRequest`, :class:`StreamSpec`) and the defaults
 torchrun gives them live here too, so the layers below the command line use them without
 loading the option table.

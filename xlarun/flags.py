@@ -11,3 +11,9 @@ that every ``flag('…')`` in the package names a row of the table.
 def flag(dest: str) -> str:
     """``flag("nproc_per_node")`` is ``"--nproc-per-node"``."""
     return "--" + dest.replace("_", "-")
+
+
+STACKS_NAME = "--stacks"
+"""The word that makes ``xlarun`` print a running launch's stacks (:mod:`xlarun.cli.stacks`) instead of launching."""
+AGENT_FLAG = "--agent-stdin"
+"""The hidden flag that makes ``python -m xlarun`` a host's agent, reading its plan on stdin."""

@@ -4,7 +4,7 @@
 (:func:`default_seconds`, :mod:`xlarun.rendezvous.store`), ``--help`` lists it (:func:`help_text`),
 and the manual's table is held to it by a test (:func:`markdown_table`). A key not listed is read
 by neither xlarun nor torch's handler: it is ignored, as torchrun ignores it. What torchrun checks
-of a value, per backend, is :data:`xlarun.cli.rules.RDZV_CONF_READ`.
+of a value, per backend, is :data:`xlarun.planning.rules.RDZV_CONF_READ`.
 
 A number of seconds given to a key is bounded as every duration a user gives
 (:class:`xlarun.durations.Seconds`: finite, above 0, at most 7 days): :func:`read_seconds` reads it

@@ -12,6 +12,9 @@ log directory. Measures:
   exit status is the shell's: ``wait`` answers 0). The row shows the shell's time under "no
   launcher" and, under each launcher, how far above it that launcher is, paired run by run:
   each launch figure's distance to what starting the workers costs at all;
+* the same distance in interpreter starts, a row under it: each run's distance divided by the time
+  of a ``python -c pass`` timed beside it (the same interpreter, the same way), so that the row reads
+  alike on a fast and on a slow machine;
 * peak memory of the launcher: the launcher process and its helper processes (xlarun's
   orphan guard), workers excluded. Helpers are the launcher's descendants that stay in
   its session (workers start sessions of their own), and the guard, which leaves it but is
@@ -237,6 +240,12 @@ def time_shell_floor(runner: Runner, nproc: int) -> float:
     return time_to_exit(runner, SHELL, [SHELL, "-c", f"{worker} & " * nproc + "wait"], run_dir)
 
 
+def time_interpreter_start(runner: Runner) -> float:
+    """One interpreter start: ``python -c pass``, the unit of :func:`in_interpreter_starts`."""
+    run_dir = runner.fresh_dir("interpreter")
+    return time_to_exit(runner, "python -c pass", [runner.python(), "-c", "pass"], run_dir)
+
+
 def time_direct_spawn(runner: Runner, nproc: int) -> float:
     """The floor: the same no-op workers started and reaped by this script, no launcher."""
     run_dir = runner.fresh_dir(f"direct-{nproc}")
@@ -448,6 +457,21 @@ def above_shell_floor(launch: Measure, nproc: int, shell: list[float]) -> Measur
     return row
 
 
+def in_interpreter_starts(above: Measure, nproc: int, starts: list[float]) -> Measure:
+    """The shell floor's row ``above`` (``nproc`` workers) counted in interpreter starts, each run's distance
+    by the start timed beside it: the launcher's own cost, whatever the machine's speed."""
+    row = Measure(
+        f"interpreter starts above the shell floor, {nproc} no-op workers "
+        f"(python -c pass: {statistics.median(starts) * 1000:.1f} ms)",
+        "starts",
+        1,
+        1,
+    )
+    for launcher in LAUNCHERS:
+        row.samples[launcher] = [took / start for took, start in zip(above.samples[launcher], starts, strict=True)]
+    return row
+
+
 def run_benchmark(runner: Runner, repeat: int, sizes: Sizes) -> list[Measure]:
     measures = []
 
@@ -455,17 +479,21 @@ def run_benchmark(runner: Runner, repeat: int, sizes: Sizes) -> list[Measure]:
     for launcher in LAUNCHERS:
         time_launch(runner, launcher, 2)
     time_shell_floor(runner, 2)
+    time_interpreter_start(runner)
 
     for nproc in sizes.launch_workers:
         measure = Measure(f"launch and exit, {nproc} no-op workers", "s", 1, 3, "≥ 10×", at_least_10x)
         shell: list[float] = []
+        starts: list[float] = []
         progress(f"bench: {measure.title}")
         for _ in range(repeat):
             for launcher in LAUNCHERS:
                 measure.samples[launcher].append(time_launch(runner, launcher, nproc))
             measure.floor.append(time_direct_spawn(runner, nproc))
             shell.append(time_shell_floor(runner, nproc))
-        measures += [measure, above_shell_floor(measure, nproc, shell)]
+            starts.append(time_interpreter_start(runner))
+        above = above_shell_floor(measure, nproc, shell)
+        measures += [measure, above, in_interpreter_starts(above, nproc, starts)]
 
     nproc = sizes.launch_workers[0]
     watched = Measure(f"launch and exit, {nproc} no-op workers, xlarun {' '.join(HANG_WATCH)}", "s", 1, 3)

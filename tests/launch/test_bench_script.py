@@ -24,6 +24,7 @@ NUMBER = r"\d+(\.\d+)?"
 EXPECTED_ROWS = (
     "launch and exit, 2 no-op workers",
     "shell floor (sh -c), 2 no-op workers: launch and exit above it",
+    "interpreter starts above the shell floor, 2 no-op workers",
     "peak RSS, launcher tree without workers",
     "peak RSS, launcher process alone",
     "ru_maxrss from wait4",

@@ -21,7 +21,7 @@ def test_mpi_reads_a_real_mpirun_environment():
     # One host can hold several ranks but not several nodes: a lone rank is a one-node job, and two
     # ranks on this host must be refused. Each rank prints what detect_cluster made of its environment.
     probe = (
-        "import os, sys; from xlarun.cli.cluster import detect_cluster; from xlarun.exceptions import UsageError\n"
+        "import os, sys; from xlarun.planning.cluster import detect_cluster; from xlarun.exceptions import UsageError\n"
         "try:\n    s = detect_cluster('mpi', os.environ); print(s.nnodes, s.node_rank, s.run_id)\n"
         "except UsageError as e:\n    print('refused:', e)\n"
     )
@@ -47,7 +47,7 @@ def test_mpi_reads_a_real_mpirun_environment():
 
 def test_cluster_module_does_not_import_torch():
     imported = subprocess.run(
-        [sys.executable, "-c", "import sys, xlarun.cli.cluster; print('torch' in sys.modules)"],
+        [sys.executable, "-c", "import sys, xlarun.planning.cluster; print('torch' in sys.modules)"],
         capture_output=True,
         text=True,
         cwd=REPO,

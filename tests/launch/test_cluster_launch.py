@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 from helpers import REPO, TESTS, plan, run_xlarun
 
-from xlarun.cli.cluster import slurm_master_port
+from xlarun.planning.cluster import slurm_master_port
 from xlarun.planning.dryrun import DECIDED_AT_RENDEZVOUS
 from xlarun.planning.packages import LONE_NODE_ON_A_FREE_PORT, followed_torchrun
 

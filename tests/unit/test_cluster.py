@@ -9,7 +9,9 @@ from typing import get_args
 import pytest
 from helpers import TESTS, prepare, refusal
 
-from xlarun.cli.cluster import (
+from xlarun.cli.options import CLUSTER_KINDS
+from xlarun.exceptions import UsageError
+from xlarun.planning.cluster import (
     SLURM_PORT_BASE,
     SLURM_PORT_BLOCK,
     SLURM_PORT_BLOCKS,
@@ -18,8 +20,6 @@ from xlarun.cli.cluster import (
     detect_cluster,
     slurm_master_port,
 )
-from xlarun.cli.options import CLUSTER_KINDS
-from xlarun.exceptions import UsageError
 
 FIXTURES = TESTS / "fixtures" / "cluster"
 

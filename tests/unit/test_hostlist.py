@@ -9,8 +9,8 @@ import subprocess
 
 import pytest
 
-from xlarun.cli.hostlist import MAX_HOSTS_PER_RANGE, expand_hostlist, first_host
 from xlarun.exceptions import UsageError
+from xlarun.planning.hostlist import MAX_HOSTS_PER_RANGE, expand_hostlist, first_host
 
 # What Slurm 22.05's `scontrol show hostnames` prints for each list.
 SLURM_EXPANSIONS = [

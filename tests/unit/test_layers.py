@@ -24,7 +24,8 @@ MAY_IMPORT = {
     "host": {"leaf", "host"},
     "runtimes": {"leaf", "host", "runtimes"},
     "rendezvous": {"leaf", "host", "rendezvous"},
-    "planning": {"leaf", "host", "runtimes", "planning"},
+    # The scheduler readers word a TPU VM's metadata as the rendezvous words a store's text (rendezvous.shown).
+    "planning": {"leaf", "host", "runtimes", "rendezvous", "planning"},
     "supervision": {"leaf", "host", "rendezvous", "supervision"},
     # Workers run no plan: what they share with the launcher is the contract, a leaf (xlarun.contract).
     "worker": {"leaf", "host", "runtimes", "worker"},

@@ -1,7 +1,7 @@
 """Unit layer: the option table, parsing, and every refusal of bad input, in-process.
 
 Each case goes through the same two steps a launch takes before anything starts
-(``parse_command_line`` and ``prepare_launch``); ``test_bad_input.py`` launches a few of
+(``parse_command_line`` and ``plan_launch``); ``test_bad_input.py`` launches a few of
 them for real to show that a refusal starts nothing.
 """
 

@@ -147,7 +147,7 @@ def test_the_rendezvous_reads_its_defaults_from_the_table() -> None:
 
 
 def test_every_key_torchrun_checks_is_in_the_table_under_its_backend() -> None:
-    from xlarun.cli.rules import RDZV_CONF_READ
+    from xlarun.planning.rules import RDZV_CONF_READ
 
     checked = {(backend, key) for backend, keys in RDZV_CONF_READ.items() for key in keys}
     listed = {(backend, setting.key) for setting in SETTINGS for backend in setting.backends}

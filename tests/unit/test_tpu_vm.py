@@ -11,9 +11,9 @@ import pytest
 from helpers import TESTS, prepare, refusal
 from metadata import HANGING_NAME, PREFIX, Behaviour, hanging_lookup, serve_metadata, slice_attributes
 
-from xlarun.cli.cluster import TPU_VM_ATTRIBUTES, ClusterSettings, detect_cluster
 from xlarun.exceptions import UsageError
 from xlarun.host.metadata import MetadataError, instance_attributes
+from xlarun.planning.cluster import TPU_VM_ATTRIBUTES, ClusterSettings, detect_cluster
 from xlarun.ranks import NodeAssignment
 
 V4_HOST = str(TESTS / "fixtures" / "hosts" / "tpu-v4-vm")

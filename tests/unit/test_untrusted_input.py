@@ -319,7 +319,7 @@ def test_a_store_that_comes_late_is_reached_with_the_full_call_timeout() -> None
 def test_a_schedulers_number_past_64_bits_is_refused_naming_its_variable(
     kind: str, environ: dict[str, str], variable: str
 ) -> None:
-    from xlarun.cli.cluster import detect_cluster
+    from xlarun.planning.cluster import detect_cluster
 
     with pytest.raises(UsageError, match=f"--cluster {kind}: {variable}") as refused:
         detect_cluster(kind, environ)
@@ -327,7 +327,7 @@ def test_a_schedulers_number_past_64_bits_is_refused_naming_its_variable(
 
 
 def test_leading_zeros_do_not_count_as_digits() -> None:
-    from xlarun.cli.cluster import detect_cluster
+    from xlarun.planning.cluster import detect_cluster
 
     settings = detect_cluster(
         "slurm", {"SLURM_JOB_ID": "0" * 30 + "7", "SLURM_NNODES": "1", "SLURM_JOB_NODELIST": "n[" + "0" * 30 + "1-2]"}

@@ -22,13 +22,11 @@ from click.shell_completion import CompletionItem, get_completion_class
 from xlarun import __version__
 from xlarun.cli.jobs import DETACHED_RUN_FLAG, record_end, record_start, run_verb, verb_request
 from xlarun.cli.options import ENV_SEPARATOR, OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
-from xlarun.cli.stacks import print_stacks, stacks_request
 from xlarun.console import flush_consoles, say
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.flags import flag
+from xlarun.flags import AGENT_FLAG, STACKS_NAME, flag
 from xlarun.host.devices import HOST_ROOT_VARIABLE
-from xlarun.remote.transport import AGENT_FLAG
 
 HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"
@@ -338,9 +336,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args[:1] == [DETACHED_RUN_FLAG] and len(args) > 1:
             record, args = args[1], args[2:]
             record_start(record)
-        wanted, launcher = stacks_request(args)
-        if wanted:
-            finish(print_stacks(launcher))
+        if args and args[0].startswith(STACKS_NAME):  # the stacks' module loads only where they may be asked for
+            from xlarun.cli.stacks import print_stacks, stacks_request
+
+            wanted, launcher = stacks_request(args)
+            if wanted:
+                finish(print_stacks(launcher))
         verb = verb_request(args)
         if verb is not None:
             finish(run_verb(verb, os.environ))

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 
 from xlarun import __version__
 from xlarun.cli.options import OPTIONS_BY_DEST, OptionValues
-from xlarun.cli.rules import HOST_SOURCES, HOSTS_ONLY, check_run_id, require_script
+from xlarun.planning.rules import HOST_SOURCES, HOSTS_ONLY, check_run_id, require_script
 from xlarun.remote.plan import HostPlan, allowed_environment, plan_hosts
 from xlarun.remote.transport import remote_command, transport_argv
 

@@ -1,9 +1,8 @@
-"""From the command line's values to a running (or planned) launch.
+"""From the command line's values to a running (or printed) launch.
 
-The glue between the layers: cluster detection fills in what the scheduler knows, the
-options are read from their table, the device layer plans workers and XLA variables, the
-configuration is checked, a rendezvous is chosen, and the agent runs, or a dry run
-prints the plan.
+The glue between the layers: the options are read from their table, one planning call
+(:func:`xlarun.planning.plan.plan_launch`) turns them into the whole plan, and then either a dry
+run prints it or a rendezvous is chosen and the agent runs it.
 """
 
 from __future__ import annotations
@@ -12,115 +11,26 @@ import json
 import os
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from xlarun.cli.options import OptionValues, read_options
-from xlarun.cli.rules import build_config, check_hosts, require_script
-from xlarun.config import LaunchConfig, NprocRequest, Topology
+from xlarun.cli.options import read_options
+from xlarun.config import LaunchConfig, Topology
 from xlarun.console import console, say
-from xlarun.exceptions import LaunchError, PlanError, UsageError
+from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
 from xlarun.host.holders import busy_device_holders, busy_device_refusal, describe_holder
 from xlarun.host.ports import free_port, is_local_address, taken_here
 from xlarun.host.programs import program_problem
-from xlarun.planning.device import (
-    DevicePlan,
-    DeviceRequest,
-    check_device_plan,
-    check_slice_seating,
-    count_workers,
-    cpu_split_world,
-    plan_device,
-)
-from xlarun.planning.dryrun import plan_document, probe_node
-from xlarun.planning.environment import check_virtual_local_rank, omp_threads_default, worker_variables
-from xlarun.planning.packages import followed_torchrun, installed_version
+from xlarun.planning.device import DevicePlan
+from xlarun.planning.environment import worker_variables
+from xlarun.planning.packages import installed_version
+from xlarun.planning.plan import LaunchPlan, plan_launch
+from xlarun.planning.rules import check_hosts, require_script
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous, multi_node_rendezvous
 from xlarun.supervision.agent import EVENTS_FLUSH_S, Agent
 from xlarun.supervision.end import RunEnd
 from xlarun.supervision.events import NO_EVENTS, EventBus, Sink, trace_id_of
-
-
-@dataclass(frozen=True)
-class PreparedLaunch:
-    """A launch checked and planned, before any port is probed or process started."""
-
-    config: LaunchConfig
-    device: DevicePlan
-    notices: tuple[str, ...]
-    """Lines to print before the workers start (the user's variables kept over planned ones, ...);
-    a dry run prints them too."""
-    split_world: str | None = None
-    """Why XLA collectives cannot join these CPU processes (:func:`cpu_split_world`), or None."""
-    event_log_handler: str = "null"
-    """``--event-log-handler``: ``console`` retells the run as torchrun's events on stderr."""
-    metrics_textfile: str | None = None
-    """``--metrics-textfile``: where the run's state is kept for node_exporter, if anywhere."""
-
-
-def prepare_launch(
-    values: OptionValues, script: str | None, script_args: tuple[str, ...], environ: Mapping[str, str]
-) -> PreparedLaunch:
-    """Plan the device and the workers of one node from the options read (:func:`read_options`), and check
-    the whole plan.
-
-    Pure but for reading the host's device files and the installed packages' metadata:
-    every refusal of bad input happens here, as a :class:`UsageError`.
-    """
-    script = require_script(script)
-    user_environ = environ
-    if values["cluster"] != "none":
-        values, cluster_environ = apply_cluster(values, environ)
-        # What the cluster says of the device (a TPU VM's slice) plans it where the environment is silent.
-        environ = {**cluster_environ, **environ}
-    dry_run = values["dry_run"]
-    request = DeviceRequest(
-        device=values["device"],
-        runtime=values["runtime"],
-        spmd=values["spmd"],
-        virtual_devices=values["virtual_devices"],
-        coordinator_port=values["coordinator_port"],
-    )
-    device = plan_device(
-        request,
-        environ,
-        nnodes=values["nnodes"][1],
-        nproc=values["nproc_per_node"],
-        dry_run=dry_run,
-        user_environ=user_environ,
-    )
-    try:
-        nproc = count_workers(values["nproc_per_node"], device, environ)
-    except PlanError as error:
-        raise values.refuse("nproc_per_node", str(error)) from None
-    config = build_config(
-        values, script, script_args, environ, sys.executable, nproc_per_node=nproc, torchrun=followed_torchrun()
-    )
-    check_slice_seating(device, config.topology, config.max_nodes)
-    probe = probe_node(config, device)
-    if config.virtual_local_rank:
-        check_virtual_local_rank(device, probe)  # refused before the guard or a rendezvous starts
-    notices = [*device.notices, *check_device_plan(device, probe)]
-    split = cpu_split_world(device, nproc, config.max_nodes)
-    # Only an XLA run on CPU is told before it starts: where the device was merely detected, the job may
-    # not use XLA at all (every plain gloo job on a host that happens to have torch_xla would be warned).
-    # A run that then fails on the split is told after the report, whichever way the device was chosen.
-    if split is not None and (request.device == "cpu" or environ.get("PJRT_DEVICE") == "CPU"):
-        notices.append(f"warning: {split}")
-    if omp_threads_default(nproc, environ) is not None:
-        notices.append(
-            f"OMP_NUM_THREADS=1 for each of the {nproc} workers (torchrun's default with several "
-            "workers per node); set OMP_NUM_THREADS yourself to choose another value"
-        )
-    return PreparedLaunch(
-        config,
-        device,
-        tuple(notices),
-        split,
-        event_log_handler=values["event_log_handler"],
-        metrics_textfile=values["metrics_textfile"],
-    )
 
 
 def launch_from_command_line(
@@ -145,7 +55,7 @@ def launch_from_command_line(
         from xlarun.cli.hosts import launch_hosts
 
         return launch_hosts(values, given, script, script_args, environ)
-    prepared = prepare_launch(values, script, script_args, environ)
+    prepared = plan_launch(values, script, script_args, environ)
     if prepared.config.dry_run:
         return print_plan(prepared, environ)
     if to_detach:
@@ -158,7 +68,7 @@ def launch_from_command_line(
     return run_launch(prepared, environ).exit_code
 
 
-def check_before_start(prepared: PreparedLaunch, environ: Mapping[str, str]) -> None:
+def check_before_start(prepared: LaunchPlan, environ: Mapping[str, str]) -> None:
     """What :func:`run_launch` refuses before anything starts (a busy device, a taken store port, a missing
     program), where the launch is to be left running: nothing is started, nothing is contacted, and torch is
     not imported (the rendezvous of several nodes checks its own when the run starts)."""
@@ -169,7 +79,7 @@ def check_before_start(prepared: PreparedLaunch, environ: Mapping[str, str]) -> 
     check_command(prepared.config)
 
 
-def run_launch(prepared: PreparedLaunch, environ: Mapping[str, str]) -> RunEnd:
+def run_launch(prepared: LaunchPlan, environ: Mapping[str, str]) -> RunEnd:
     """Preflight the planned launch, run it, and say how it ended: the command's engine, and
     :func:`xlarun.launch`'s. Refusals before anything starts are raised (:class:`UsageError`,
     :class:`LaunchError`); ``environ`` is what the workers get, under xlarun's own variables."""
@@ -195,7 +105,7 @@ def run_launch(prepared: PreparedLaunch, environ: Mapping[str, str]) -> RunEnd:
     return end
 
 
-def event_sinks(prepared: PreparedLaunch, environ: Mapping[str, str]) -> list[Sink]:
+def event_sinks(prepared: LaunchPlan, environ: Mapping[str, str]) -> list[Sink]:
     """Where the run's events go, none by default: the JSON-lines log, torchrun's console events, the
     metrics file, systemd (under a ``Type=notify`` unit). Each sink's module is loaded only when wanted."""
     sinks: list[Sink] = []
@@ -224,7 +134,7 @@ def event_sinks(prepared: PreparedLaunch, environ: Mapping[str, str]) -> list[Si
     return sinks
 
 
-def open_events(prepared: PreparedLaunch, environ: Mapping[str, str]) -> EventBus:
+def open_events(prepared: LaunchPlan, environ: Mapping[str, str]) -> EventBus:
     """The run's event bus, its first event emitted: :data:`NO_EVENTS` (no thread, nothing to pay) without sinks."""
     sinks = event_sinks(prepared, environ)
     if not sinks:
@@ -248,7 +158,7 @@ def open_events(prepared: PreparedLaunch, environ: Mapping[str, str]) -> EventBu
     return bus
 
 
-def explain_split_world_failure(end: RunEnd, prepared: PreparedLaunch) -> None:
+def explain_split_world_failure(end: RunEnd, prepared: LaunchPlan) -> None:
     """After the report of a CPU run that failed on a taken store port, name the split world as the cause.
 
     On one node no agent serves a store, so under ``xla://`` every CPU process, each rank 0 of
@@ -265,37 +175,6 @@ def explain_split_world_failure(end: RunEnd, prepared: PreparedLaunch) -> None:
             f"each CPU process took itself for rank 0 and served the store at MASTER_PORT, so all but one failed "
             f"to bind it: {split}"
         )
-
-
-def apply_cluster(values: OptionValues, environ: Mapping[str, str]) -> tuple[OptionValues, Mapping[str, str]]:
-    """Put in what a scheduler (Slurm, Kubernetes, ...) says about the job, each value naming the
-    variable it was read from; explicit flags win, and the scheduler wins over ``PET_*`` variables.
-
-    Also returns what it says of the device, as variables to plan with (a TPU VM's slice shape and
-    worker number, :attr:`~xlarun.cli.cluster.ClusterSettings.device_environ`).
-    """
-    from xlarun.cli.cluster import detect_cluster
-
-    settings = detect_cluster(values["cluster"], environ)
-    if settings is None:
-        return values, {}
-    settings.resolve_master_addr(values.given("master_addr"))  # refused where no one says where node 0 runs
-    nnodes, nproc = settings.nnodes, settings.nproc_per_node
-    # Each option a field stands in for: the field, its value as the flag spells it, and as the option holds it.
-    fields = {
-        "nnodes": ("nnodes", nnodes, (nnodes, nnodes)),
-        "node_rank": ("node_rank", settings.node_rank, settings.node_rank),
-        "master_addr": ("master_addr", settings.master_addr, settings.master_addr),
-        "master_port": ("master_port", settings.master_port, settings.master_port),
-        "rdzv_id": ("run_id", settings.run_id, settings.run_id),
-        "nproc_per_node": ("nproc_per_node", nproc, None if nproc is None else NprocRequest(count=nproc)),
-    }
-    said = {
-        dest: (value, str(spelt), settings.read_from[name])
-        for dest, (name, spelt, value) in fields.items()
-        if value is not None
-    }
-    return values.with_scheduler(settings.kind, said), settings.device_environ
 
 
 def choose_rendezvous(config: LaunchConfig, device: DevicePlan, environ: Mapping[str, str]) -> Rendezvous:
@@ -353,8 +232,10 @@ def check_command(config: LaunchConfig) -> None:
         raise UsageError(problem)
 
 
-def print_plan(prepared: PreparedLaunch, environ: Mapping[str, str]) -> int:
+def print_plan(prepared: LaunchPlan, environ: Mapping[str, str]) -> int:
     """Print the dry run's plan on stdout, and on stderr the lines a real run would print with what was assumed."""
+    from xlarun.planning.dryrun import plan_document  # the dry run's own module: a real run never loads it
+
     document = plan_document(
         prepared.config,
         prepared.device,

@@ -52,13 +52,14 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
-from xlarun.cli.launch import prepare_launch, run_launch
+from xlarun.cli.launch import run_launch
 from xlarun.cli.options import OPTIONS_BY_DEST, OptionValues, read_options
-from xlarun.cli.rules import check_hosts
 from xlarun.console import flush_consoles
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
+from xlarun.planning.plan import plan_launch
+from xlarun.planning.rules import check_hosts
 from xlarun.supervision.end import RootCause, RunEnd
 from xlarun.worker.call import exception_file, result_file
 
@@ -188,7 +189,7 @@ def launch_detached(
         values = read_options(given, environ)
         on_hosts = check_hosts(values)
         if not on_hosts:
-            check_before_start(prepare_launch(values, script, script_args, environ), environ)
+            check_before_start(plan_launch(values, script, script_args, environ), environ)
         started, process = start_detached(values, given, script, script_args, environ, on_hosts=on_hosts)
     return DetachedRun(JobStore.from_environ(environ), started.id, process)
 
@@ -444,7 +445,7 @@ def engine_errors() -> Iterator[None]:
 def run(values: OptionValues, script: str, script_args: tuple[str, ...], environ: Mapping[str, str]) -> RunEnd:
     """The command's engine on this host's workers."""
     with engine_errors():
-        return run_launch(prepare_launch(values, script, script_args, environ), environ)
+        return run_launch(plan_launch(values, script, script_args, environ), environ)
 
 
 def run_hosts(

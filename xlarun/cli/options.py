@@ -24,7 +24,6 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from xlarun.cli.hostlist import expand_hostlist
 from xlarun.config import (
     DEFAULT_C10D_PORT,
     DEFAULT_MASTER_PORT,
@@ -41,8 +40,6 @@ from xlarun.flags import flag
 from xlarun.host.devices import DEVICES
 from xlarun.planning.packages import RUNTIMES
 from xlarun.rdzv_conf import help_text as rdzv_conf_help
-from xlarun.remote.plan import parse_env_assignment, read_env_file
-from xlarun.remote.transport import template_problem
 from xlarun.runtimes import COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
 
 TORCHRUN = "torchrun"
@@ -233,6 +230,9 @@ def _host_list(names: list[str]) -> tuple[str, ...]:
 
 def parse_hosts(text: str) -> tuple[str, ...]:
     """``h1,h2`` or Slurm's ranges (``tpu-w[0-3]``), read as Slurm reads ``SLURM_JOB_NODELIST``."""
+    # The parsers of a job on several hosts load their modules only where such a job is asked for.
+    from xlarun.planning.hostlist import expand_hostlist
+
     try:
         return _host_list(expand_hostlist(text))
     except UsageError as error:
@@ -255,6 +255,8 @@ def parse_hostfile(path: str) -> tuple[str, ...]:
 
 
 def parse_rsh(template: str) -> str:
+    from xlarun.remote.transport import template_problem
+
     problem = template_problem(template)
     if problem is not None:
         raise InvalidValue(problem)
@@ -267,6 +269,8 @@ ENV_SEPARATOR = "\0"
 
 def parse_env(text: str) -> tuple[tuple[str, str], ...]:
     """Every ``--env NAME=VALUE`` given, in order."""
+    from xlarun.remote.plan import parse_env_assignment
+
     try:
         return tuple(parse_env_assignment(item) for item in text.split(ENV_SEPARATOR))
     except ValueError as error:
@@ -274,6 +278,8 @@ def parse_env(text: str) -> tuple[tuple[str, str], ...]:
 
 
 def parse_env_file(path: str) -> dict[str, str]:
+    from xlarun.remote.plan import read_env_file
+
     try:
         return read_env_file(_read_text(path))
     except ValueError as error:

@@ -13,8 +13,8 @@ import sys
 from collections.abc import Sequence
 
 from xlarun.exceptions import LaunchError, UsageError
+from xlarun.flags import STACKS_NAME
 
-STACKS_NAME = "--stacks"
 _PID = re.compile(r"[0-9]{1,7}")
 """A process id: Linux's are below its PID_MAX_LIMIT, 4194304 (ASCII digits only: ``int()`` takes other
 scripts' digits, and refuses more than 4,300 of them)."""

@@ -11,8 +11,6 @@ reports ready, on its own host) ask; each line names the flag that changes the a
 
 from __future__ import annotations
 
-import importlib.machinery
-import importlib.util
 import os
 import shutil
 from collections.abc import Mapping
@@ -52,6 +50,10 @@ def module_problem(name: str, cwd: str, environ: Mapping[str, str]) -> str | Non
 
     Only the top-level name is looked for: finding ``pkg.sub`` would import ``pkg`` and run its code.
     """
+    # Only a host's agent asks, before it reports ready: a launch loads none of importlib's finders.
+    import importlib.machinery
+    import importlib.util
+
     top = name.partition(".")[0]
     search = [cwd, *(entry for entry in environ.get("PYTHONPATH", "").split(os.pathsep) if entry)]
     if importlib.machinery.PathFinder.find_spec(top, search) is not None:

@@ -15,13 +15,15 @@ The per-runtime translations live in :mod:`xlarun.runtimes`.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from xlarun.config import NprocRequest, Topology
+from xlarun.config import DEFAULT_MASTER_PORT, LaunchConfig, NprocRequest, Topology
 from xlarun.exceptions import PlanError
 from xlarun.flags import flag
 from xlarun.host.devices import (
@@ -34,17 +36,11 @@ from xlarun.host.devices import (
 )
 from xlarun.planning.packages import FIRST_WITH_CUDA_NAME, FIRST_WITHOUT_CUDA, preflight, resolve_runtime
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import (
-    NATIVE_RUNTIMES,
-    XlaOptions,
-    apply_user_precedence,
-    megascale,
-    neuron,
-    torchtpu,
-    tpu,
-    xla_env,
-)
+from xlarun.runtimes import NATIVE_RUNTIMES, XlaOptions, apply_user_precedence, xla_env
 from xlarun.runtimes.releases import installed_version, major_minor, release_of
+
+if TYPE_CHECKING:
+    from xlarun.runtimes import torchtpu
 
 
 @dataclass(frozen=True)
@@ -97,6 +93,8 @@ class DevicePlan:
             return None
         if self.xla.megascale is None:
             return facts.worker
+        from xlarun.runtimes import megascale  # a TPU's module: only a TPU plan loads it
+
         hosts_per_slice = len(facts.worker_hostnames) or None
         return megascale.node_rank(self.xla.megascale, facts.worker, hosts_per_slice) if hosts_per_slice else None
 
@@ -189,6 +187,9 @@ def plan_device(
     host_used = host is not None and nproc.word == "auto" and not request.spmd
     topology = generation = tpu_slice = joined = None
     if device == "tpu":
+        # Each device's modules load only where its plan needs them.
+        from xlarun.runtimes import megascale, tpu
+
         joined = megascale.read_megascale(environ)
         generation = tpu.generation_of(environ.get("TPU_ACCELERATOR_TYPE", "")) or tpu_generation(root)
         topology = tpu.topology(environ, units, nnodes, generation)
@@ -196,6 +197,8 @@ def plan_device(
             topology = tpu.topology(environ, host.units, nnodes, generation)
             host_used = host_used or topology is not None
     if runtime == "torchtpu":
+        from xlarun.runtimes import torchtpu
+
         tpu_slice = plan_tpu_slice(environ, root, host)
         if nnodes > 1 and torchtpu.slice_topology(topology, tpu_slice) is None and torchtpu.TOPOLOGY not in environ:
             raise PlanError(
@@ -209,6 +212,8 @@ def plan_device(
         # A TPU7x chip exposes two devices, each a rank of its own.
         local_units = node_units = local_units * tpu_slice.devices_per_chip
     if device == "neuron" and environ.get("NEURON_RT_VISIBLE_CORES"):
+        from xlarun.runtimes import neuron
+
         node_units = neuron.visible_core_count(environ["NEURON_RT_VISIBLE_CORES"]) or node_units
     xla = XlaOptions(
         device=device,
@@ -260,6 +265,8 @@ def plan_tpu_slice(environ: Mapping[str, str], root: str, host: AssumedHost | No
     Indexed Jobs). ``TPU_WORKER_HOSTNAMES`` counts only with two names or more: a single-host
     TPU VM sets it to its own name, as torch_tpu notes. The slice's chips from GKE's ``TPU_TOPOLOGY``.
     """
+    from xlarun.runtimes import torchtpu
+
     chip = (
         torchtpu.chip_of_accelerator_type(environ.get("TPU_ACCELERATOR_TYPE", ""))
         or tpu_chip_id(root)
@@ -386,6 +393,80 @@ def torch_xpu_count(environ: Mapping[str, str]) -> int:
     )
     words = probe.stdout.split()
     return int(words[-1]) if probe.returncode == 0 and words and words[-1].isdigit() else 0
+
+
+STAND_IN_WORKER_PORT = 40000
+"""The first of the stand-ins for the ports a launch picks for its workers on one host (TorchTPU's):
+five digits, as the kernel's picks have, so that the plan's sizes are the real run's."""
+
+
+def stand_in_ports(device: DevicePlan) -> tuple[int, int]:
+    """Two master ports to plan with where the launcher picks the real one: never the coordinator
+    port given, which a master port must differ from."""
+    override = device.xla.coordinator_port if device.xla is not None else None
+    first, second = [port for port in range(DEFAULT_MASTER_PORT, DEFAULT_MASTER_PORT + 3) if port != override][:2]
+    return first, second
+
+
+def probe_node(config: LaunchConfig, device: DevicePlan) -> NodeAssignment:
+    """This node as the flags place it, for checking the device plan before any rendezvous.
+
+    A master port the launcher has yet to pick (``--standalone``, and c10d's, which node rank
+    0's agent picks at the rendezvous) is planned as a stand-in: the device rules only need
+    some port to derive the coordinator's from.
+    """
+    master_addr, master_port = config.store_address()
+    if config.topology in (Topology.STANDALONE, Topology.C10D):
+        master_addr, master_port = config.master_addr, stand_in_ports(device)[0]
+    node = NodeAssignment.single_node(
+        config.rdzv_id,
+        config.nproc_per_node,
+        master_addr,
+        master_port,
+        node_rank=min(config.node_rank, config.max_nodes - 1),
+        nnodes=config.max_nodes,
+    )
+    return with_slice_stand_ins(node, config, device)
+
+
+def with_slice_stand_ins(
+    node: NodeAssignment, config: LaunchConfig, device: DevicePlan, variant: int = 0
+) -> NodeAssignment:
+    """``node`` with stand-ins for what TorchTPU's address list takes from the start or the rendezvous.
+
+    On one node the ports the launcher picks for its workers; across nodes every node's address,
+    each assumed as long as this node's own or the store's (:func:`stand_in_node_address`); and the
+    job's start, its profiling session. ``variant`` 1 gives the alternative, whose every stand-in
+    differs. A c10d node whose number in the slice is known takes that number as its node rank,
+    as the rendezvous seats it (:func:`~xlarun.planning.device.check_slice_seating`).
+    """
+    if not device.plans_slice_addresses:
+        return node
+    if config.topology in (Topology.STANDALONE, Topology.LONE_NODE):
+        first = STAND_IN_WORKER_PORT + variant * node.local_world_size
+        return dataclasses.replace(
+            node, worker_ports=tuple(range(first, first + node.local_world_size)), job_started_ns=variant
+        )
+    worker = device.slice_worker
+    if config.topology is Topology.C10D and worker is not None:
+        node = dataclasses.replace(
+            node,
+            node_rank=worker,
+            nnodes=config.max_nodes,
+            rank_offset=worker * node.local_world_size,
+            world_size=config.max_nodes * node.local_world_size,
+        )
+    host = stand_in_node_address(config)
+    # The alternative's addresses are as long, so that both plans fit Linux's limit or neither does.
+    return dataclasses.replace(
+        node, hosts=("x" * len(host) if variant else host,) * node.nnodes, job_started_ns=variant
+    )
+
+
+def stand_in_node_address(config: LaunchConfig) -> str:
+    """What a plan takes each node's address for before a rendezvous learns them: this node's
+    ``--local-addr``, else the address of the job's store."""
+    return config.local_addr or config.store_address()[0]
 
 
 def check_device_plan(device: DevicePlan, probe: NodeAssignment) -> list[str]:

@@ -21,10 +21,10 @@ from dataclasses import dataclass
 from operator import attrgetter, methodcaller
 from typing import Any
 
-from xlarun.config import DEFAULT_MASTER_PORT, LaunchConfig, Topology
+from xlarun.config import LaunchConfig, Topology
 from xlarun.host.holders import busy_device_holders
 from xlarun.host.ports import host_port
-from xlarun.planning.device import DevicePlan
+from xlarun.planning.device import DevicePlan, stand_in_node_address, stand_in_ports, with_slice_stand_ins
 from xlarun.planning.environment import PASSED_THROUGH, worker_variables
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes.torchtpu import ADDRESSES
@@ -71,11 +71,6 @@ def shown_value(name: str, value: str) -> str:
     return REDACTED if looks_secret(name) else value
 
 
-STAND_IN_WORKER_PORT = 40000
-"""The first of the stand-ins for the ports a launch picks for its workers on one host (TorchTPU's):
-five digits, as the kernel's picks have, so that the plan's sizes are the real run's."""
-
-
 @dataclass(frozen=True)
 class NodePlan:
     """This node as a dry run knows it, without meeting any other node.
@@ -93,75 +88,6 @@ class NodePlan:
     alternative: NodeAssignment | None = None
     endpoint: str = ""
     assumed: tuple[str, ...] = ()
-
-
-def stand_in_ports(device: DevicePlan) -> tuple[int, int]:
-    """Two master ports to plan with where the launcher picks the real one: never the coordinator
-    port given, which a master port must differ from."""
-    override = device.xla.coordinator_port if device.xla is not None else None
-    first, second = [port for port in range(DEFAULT_MASTER_PORT, DEFAULT_MASTER_PORT + 3) if port != override][:2]
-    return first, second
-
-
-def probe_node(config: LaunchConfig, device: DevicePlan) -> NodeAssignment:
-    """This node as the flags place it, for checking the device plan before any rendezvous.
-
-    A master port the launcher has yet to pick (``--standalone``, and c10d's, which node rank
-    0's agent picks at the rendezvous) is planned as a stand-in: the device rules only need
-    some port to derive the coordinator's from.
-    """
-    master_addr, master_port = config.store_address()
-    if config.topology in (Topology.STANDALONE, Topology.C10D):
-        master_addr, master_port = config.master_addr, stand_in_ports(device)[0]
-    node = NodeAssignment.single_node(
-        config.rdzv_id,
-        config.nproc_per_node,
-        master_addr,
-        master_port,
-        node_rank=min(config.node_rank, config.max_nodes - 1),
-        nnodes=config.max_nodes,
-    )
-    return with_slice_stand_ins(node, config, device)
-
-
-def with_slice_stand_ins(
-    node: NodeAssignment, config: LaunchConfig, device: DevicePlan, variant: int = 0
-) -> NodeAssignment:
-    """``node`` with stand-ins for what TorchTPU's address list takes from the start or the rendezvous.
-
-    On one node the ports the launcher picks for its workers; across nodes every node's address,
-    each assumed as long as this node's own or the store's (:func:`stand_in_node_address`); and the
-    job's start, its profiling session. ``variant`` 1 gives the alternative, whose every stand-in
-    differs. A c10d node whose number in the slice is known takes that number as its node rank,
-    as the rendezvous seats it (:func:`~xlarun.planning.device.check_slice_seating`).
-    """
-    if not device.plans_slice_addresses:
-        return node
-    if config.topology in (Topology.STANDALONE, Topology.LONE_NODE):
-        first = STAND_IN_WORKER_PORT + variant * node.local_world_size
-        return dataclasses.replace(
-            node, worker_ports=tuple(range(first, first + node.local_world_size)), job_started_ns=variant
-        )
-    worker = device.slice_worker
-    if config.topology is Topology.C10D and worker is not None:
-        node = dataclasses.replace(
-            node,
-            node_rank=worker,
-            nnodes=config.max_nodes,
-            rank_offset=worker * node.local_world_size,
-            world_size=config.max_nodes * node.local_world_size,
-        )
-    host = stand_in_node_address(config)
-    # The alternative's addresses are as long, so that both plans fit Linux's limit or neither does.
-    return dataclasses.replace(
-        node, hosts=("x" * len(host) if variant else host,) * node.nnodes, job_started_ns=variant
-    )
-
-
-def stand_in_node_address(config: LaunchConfig) -> str:
-    """What a plan takes each node's address for before a rendezvous learns them: this node's
-    ``--local-addr``, else the address of the job's store."""
-    return config.local_addr or config.store_address()[0]
 
 
 def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:

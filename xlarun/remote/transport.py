@@ -16,8 +16,7 @@ from __future__ import annotations
 
 import shlex
 
-AGENT_FLAG = "--agent-stdin"
-"""The hidden flag that makes ``python -m xlarun`` a host's agent, reading its plan on stdin."""
+from xlarun.flags import AGENT_FLAG
 
 SSH_OPTIONS = (
     "-T",

@@ -24,44 +24,44 @@ requires. A plan where either would pass the limit is refused (:mod:`~xlarun.run
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import importlib
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.host.ports import host_port
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import cpu, cuda, neuron, pjrt, torchneuron, torchtpu, tpu, xrt
-from xlarun.runtimes.megascale import MegaScale
 from xlarun.runtimes.releases import NEWEST, Release
-from xlarun.runtimes.torchtpu import TpuSlice
-from xlarun.runtimes.tpu import TpuTopology
+
+if TYPE_CHECKING:
+    from types import ModuleType
+
+    from xlarun.runtimes.megascale import MegaScale
+    from xlarun.runtimes.torchtpu import TpuSlice
+    from xlarun.runtimes.tpu import TpuTopology
 
 UNPRIVILEGED_PORTS = (1024, 65535)
 _PORT_RANGE_SIZE = UNPRIVILEGED_PORTS[1] - UNPRIVILEGED_PORTS[0] + 1
 COORDINATOR_PORT_SHIFT = 32256
 """Half of the unprivileged port range: the coordinator port's distance from MASTER_PORT."""
 
-_DeviceEnv = Callable[["XlaOptions", NodeAssignment, int], dict[str, str]]
-_PJRT_DEVICE_ENV: Mapping[str, _DeviceEnv] = {
-    "tpu": tpu.env,
-    "neuron": neuron.env,
-    "cuda": cuda.env,
-    "cpu": cpu.env,
-}
-"""Device-specific PJRT variables; a device not listed (xpu) needs only the common ones."""
+_PJRT_DEVICE_MODULES = ("tpu", "neuron", "cuda", "cpu")
+"""The devices with PJRT variables of their own, each in its module; a device not listed (xpu) needs only the
+common ones."""
 
 NATIVE_RUNTIMES: Mapping[str, str] = {"torchtpu": "tpu", "torchneuron": "neuron"}
 """The runtimes that are not torch_xla's, each a device's own PyTorch backend, and their device."""
 
-_NATIVE_ENV: Mapping[str, _DeviceEnv] = {"torchtpu": torchtpu.env, "torchneuron": torchneuron.env}
+_PLACED_BY_LOCAL_RANK = ("tpu", "neuron", "cuda")
+"""The devices whose module says how their runtime places a process by its local rank (``LOCAL_RANK_READER``);
+xpu's PJRT plugin does too, and CPU processes share no device."""
 
-_LOCAL_RANK_READERS: Mapping[str, str] = {
-    "tpu": tpu.LOCAL_RANK_READER,
-    "neuron": neuron.LOCAL_RANK_READER,
-    "cuda": cuda.LOCAL_RANK_READER,
-    "xpu": pjrt.PLUGIN_LOCAL_RANK_READER,
-}
-"""How each device's runtime places a process by its local rank; CPU processes share no device."""
+
+def runtime_module(name: str) -> ModuleType:
+    """The module of one runtime or device (``cpu``, ``torchtpu``, ...), loaded when a plan first needs it:
+    a launch loads its own device's and no other."""
+    return importlib.import_module(f"{__name__}.{name}")
 
 
 def coordinator_port(master_port: int, override: int | None = None) -> int:
@@ -147,14 +147,15 @@ def xla_env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[
         # on one device and refused on another.
         options.coordinator_port_for(node)
     if options.runtime == "xrt":
-        return xrt.env(options, node, local_rank)
-    if options.runtime in _NATIVE_ENV:
-        variables = _NATIVE_ENV[options.runtime](options, node, local_rank)
+        xrt_variables: dict[str, str] = runtime_module("xrt").env(options, node, local_rank)
+        return xrt_variables
+    variables: dict[str, str]
+    if options.runtime in NATIVE_RUNTIMES:
+        variables = runtime_module(options.runtime).env(options, node, local_rank)
     else:
-        variables = pjrt.env(options, node, local_rank)
-        device_env = _PJRT_DEVICE_ENV.get(options.device)
-        if device_env is not None:
-            variables.update(device_env(options, node, local_rank))
+        variables = runtime_module("pjrt").env(options, node, local_rank)
+        if options.device in _PJRT_DEVICE_MODULES:
+            variables.update(runtime_module(options.device).env(options, node, local_rank))
     if options.megascale is not None:
         # libtpu joins the slices, under torch_xla and TorchTPU alike.
         variables.update(options.megascale.variables(node.master_addr))
@@ -165,7 +166,14 @@ def local_rank_reader(device: str) -> str | None:
     """How the device's runtime places each of several local processes by its local rank, or None
     where it does not (CPU): the reason workers that all get ``LOCAL_RANK=0`` (torchrun's
     ``--virtual-local-rank``) cannot share the host's devices."""
-    return _LOCAL_RANK_READERS.get(device)
+    if device == "xpu":
+        from xlarun.runtimes.pjrt import PLUGIN_LOCAL_RANK_READER
+
+        return PLUGIN_LOCAL_RANK_READER
+    if device not in _PLACED_BY_LOCAL_RANK:
+        return None
+    reader: str = runtime_module(device).LOCAL_RANK_READER
+    return reader
 
 
 def apply_user_precedence(planned: dict[str, str], environ: Mapping[str, str]) -> tuple[dict[str, str], list[str]]:

@@ -78,10 +78,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal, overload
 
-from xlarun.cli.hostlist import MAX_NUMBER_DIGITS, first_host, too_long
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
 from xlarun.host.metadata import MetadataError, instance_attributes
+from xlarun.planning.hostlist import MAX_NUMBER_DIGITS, first_host, too_long
 from xlarun.runtimes import megascale
 
 # Slurm master ports: 15000-24999, in blocks of 4 so that ports a launcher derives
@@ -555,7 +555,7 @@ def _require(environ: Mapping[str, str], kind: str, required: Sequence[Sequence[
 
 def _parse_count(text: str, name: str, kind: str, least: int = 1) -> int:
     """``text`` read as a whole number ``least`` (0 or 1) or more, of at most
-    :data:`~xlarun.cli.hostlist.MAX_NUMBER_DIGITS` digits; a UsageError naming ``name`` otherwise."""
+    :data:`~xlarun.planning.hostlist.MAX_NUMBER_DIGITS` digits; a UsageError naming ``name`` otherwise."""
     what = "a positive whole number" if least else "a whole number 0 or more"
     if _DIGITS.fullmatch(text) and too_long(text):
         raise UsageError(

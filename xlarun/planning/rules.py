@@ -2,7 +2,9 @@
 
 :mod:`xlarun.cli.options` parses each flag on its own; :func:`build_config` applies the rules
 that tie several flags together (standalone with a node count, a node rank within the node
-count, ...), each worded once, in terms of the flags.
+count, ...), each worded once, in terms of the flags. Planning reads the options through
+:class:`OptionValues`, what it needs of them, which the command line's values
+(:class:`xlarun.cli.options.OptionValues`) provide.
 """
 
 from __future__ import annotations
@@ -10,13 +12,43 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
-from xlarun.cli.options import OptionValues
 from xlarun.config import TORCH_FALSE_WORDS, TORCH_TRUE_WORDS, LaunchConfig, WorkerCommand, endpoint_parts
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
 from xlarun.planning.packages import LONE_NODE_ON_A_FREE_PORT, Release
 from xlarun.rdzv_conf import read_seconds, seconds_keys
+
+
+class OptionValues(Protocol):
+    """Every option's value by its ``dest``, and where each came from (the flag, its variable, the scheduler)."""
+
+    def __getitem__(self, dest: str) -> Any: ...
+
+    def raw(self, dest: str) -> str | None:
+        """The text the value came from."""
+
+    def source(self, dest: str) -> str:
+        """``--master-port``, or ``--master-port (from PET_MASTER_PORT)`` where a variable stood in."""
+
+    def stated(self, dest: str) -> str:
+        """The value as its source said it: ``--nnodes=2 (from --cluster slurm: SLURM_NNODES)``."""
+
+    def is_set(self, dest: str) -> bool:
+        """Set by the command line, a variable or the scheduler, rather than left to its default."""
+
+    def given(self, dest: str) -> str | None:
+        """The text the command line gave, or None."""
+
+    def given_or_default(self, dest: str) -> Any:
+        """The value, or the default where the text given was empty."""
+
+    def refuse(self, dest: str, reason: str) -> UsageError:
+        """A one-line error about the value of ``dest``."""
+
+    def with_scheduler(self, kind: str, said: Mapping[str, tuple[Any, str, str]]) -> OptionValues:
+        """These values with the scheduler's in place of those the command line did not give."""
 
 
 def _is_integer(text: str) -> bool:

@@ -1,0 +1,86 @@
+"""A launch imports what it runs and no more: the xlarun modules a one-node CPU launch loads, held as a list.
+
+The launcher runs for real (its workers, its guard, its exit) from a driver that, as the launcher
+ends, writes the names in its ``sys.modules``. A module that joins the list (a device's runtime, the
+dry run, the fan-out's plan) shows in the difference.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from helpers import PYTHON, run_command
+
+DRIVER = """\
+import os, sys
+from xlarun.cli.command import main
+
+launcher, exit_now = os.getpid(), os._exit
+
+
+def exit_reporting_modules(code):
+    if os.getpid() == launcher:  # not the orphan guard, a fork that ends the same way
+        with open(sys.argv[1], "w") as report:
+            report.write("\\n".join(sorted(name for name in sys.modules if name.split(".")[0] == "xlarun")))
+    exit_now(code)
+
+
+os._exit = exit_reporting_modules
+main(sys.argv[2:])
+"""
+
+ONE_NODE_CPU_LAUNCH = [
+    "xlarun",
+    "xlarun.cli",
+    "xlarun.cli.command",
+    "xlarun.cli.launch",
+    "xlarun.cli.options",
+    "xlarun.config",
+    "xlarun.console",
+    "xlarun.contract",
+    "xlarun.durations",
+    "xlarun.exceptions",
+    "xlarun.failures",
+    "xlarun.flags",
+    "xlarun.host",
+    "xlarun.host.devices",
+    "xlarun.host.holders",
+    "xlarun.host.oom",
+    "xlarun.host.ports",
+    "xlarun.host.procfs",
+    "xlarun.host.programs",
+    "xlarun.planning",
+    "xlarun.planning.device",
+    "xlarun.planning.environment",
+    "xlarun.planning.packages",
+    "xlarun.planning.plan",
+    "xlarun.planning.rules",
+    "xlarun.ranks",
+    "xlarun.rdzv_conf",
+    "xlarun.rendezvous",
+    "xlarun.runtimes",
+    "xlarun.runtimes.cpu",
+    "xlarun.runtimes.pjrt",
+    "xlarun.runtimes.releases",
+    "xlarun.supervision",
+    "xlarun.supervision.agent",
+    "xlarun.supervision.end",
+    "xlarun.supervision.events",
+    "xlarun.supervision.group",
+    "xlarun.supervision.guard",
+    "xlarun.supervision.logs",
+    "xlarun.supervision.process",
+    "xlarun.supervision.relay",
+    "xlarun.supervision.report",
+    "xlarun.supervision.signals",
+]
+"""The CPU device's runtime (PJRT's common variables and the CPU's) and nothing of another device, the
+dry run, the fan-out (``remote``), ``xlarun.launch()``'s module, the Slurm host list parser or ``--stacks``."""
+
+
+def test_a_one_node_cpu_launch_loads_only_what_it_runs(tmp_path: Path) -> None:
+    report, script = tmp_path / "modules", tmp_path / "noop.py"
+    script.write_text("pass\n")
+    launch = run_command([PYTHON, "-c", DRIVER, str(report), "--nproc-per-node", "2", str(script)], cwd=tmp_path)
+    assert launch.returncode == 0, launch.stderr
+    assert report.read_text().split() == ONE_NODE_CPU_LAUNCH
