@@ -33,6 +33,7 @@ ONE_NODE_CPU_LAUNCH = [
     "xlarun",
     "xlarun.cli",
     "xlarun.cli.command",
+    "xlarun.cli.jobs",
     "xlarun.cli.launch",
     "xlarun.cli.options",
     "xlarun.config",
@@ -73,6 +74,7 @@ ONE_NODE_CPU_LAUNCH = [
     "xlarun.supervision.relay",
     "xlarun.supervision.report",
     "xlarun.supervision.signals",
+    "xlarun.supervision.watches",
 ]
 """The CPU device's runtime (PJRT's common variables and the CPU's) and nothing of another device, the
 dry run, the fan-out (``remote``), ``xlarun.launch()``'s module, the Slurm host list parser or ``--stacks``."""

@@ -123,6 +123,11 @@ class SectionedCommand(click.Command):
             with formatter.section(title):
                 formatter.write_dl([row for row in rows if row])
 
+    def format_epilog(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        # Written only where --help asks for it: its variables' modules are no launch's to load.
+        self.epilog = epilog()
+        super().format_epilog(ctx, formatter)
+
 
 def help_text(option: Option) -> str:
     """The row's help with its default and, for xlarun's flags, the variable that stands in."""
@@ -254,7 +259,6 @@ def _build_command() -> click.Command:
         context_settings={"help_option_names": list(HELP_NAMES)},
         add_help_option=True,
         help=description(),
-        epilog=epilog(),
     )
     @click.argument("training_script", required=False, shell_complete=complete_files)
     @click.argument("training_script_args", nargs=-1, type=click.UNPROCESSED, shell_complete=complete_files)
