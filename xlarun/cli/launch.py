@@ -13,6 +13,7 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from xlarun.cli.options import OptionValues, read_options
 from xlarun.cli.rules import build_config, check_hosts, require_script
@@ -20,6 +21,7 @@ from xlarun.config import LaunchConfig, NprocRequest, Topology
 from xlarun.console import console, say
 from xlarun.exceptions import LaunchError, PlanError, UsageError
 from xlarun.flags import flag
+from xlarun.host.cachedir import count_entries, prepare_cache_directory
 from xlarun.host.holders import busy_device_holders, busy_device_refusal, describe_holder
 from xlarun.host.ports import free_port, is_local_address, taken_here
 from xlarun.host.programs import program_problem
@@ -37,6 +39,7 @@ from xlarun.planning.environment import check_virtual_local_rank, omp_threads_de
 from xlarun.planning.packages import followed_torchrun, installed_version
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous, multi_node_rendezvous
+from xlarun.runtimes import CompileCache
 from xlarun.supervision.agent import EVENTS_FLUSH_S, Agent
 from xlarun.supervision.end import RunEnd
 from xlarun.supervision.events import NO_EVENTS, EventBus, Sink, trace_id_of
@@ -81,6 +84,9 @@ def prepare_launch(
         spmd=values["spmd"],
         virtual_devices=values["virtual_devices"],
         coordinator_port=values["coordinator_port"],
+        compile_cache=(
+            CompileCache(values["compile_cache"], values["compile_cache_writers"]) if values["compile_cache"] else None
+        ),
     )
     device = plan_device(
         request,
@@ -144,8 +150,12 @@ def run_launch(prepared: PreparedLaunch, environ: Mapping[str, str]) -> RunEnd:
     """Preflight the planned launch, run it, and say how it ended: the command's engine, and
     :func:`xlarun.launch`'s. Refusals before anything starts are raised (:class:`UsageError`,
     :class:`LaunchError`); ``environ`` is what the workers get, under xlarun's own variables."""
-    events = open_events(prepared, environ)
+    cache = prepared.device.compile_cache
+    entries_before = count_entries(cache.root) if cache is not None else 0
+    events = open_events(prepared, environ, entries_before)
     try:
+        if cache is not None:
+            prepare_cache_directory(cache.root)
         if not prepared.config.allow_busy_device:
             refuse_busy_device(prepared.device.device, environ)
         rendezvous = choose_rendezvous(prepared.config, prepared.device, environ)
@@ -161,7 +171,13 @@ def run_launch(prepared: PreparedLaunch, environ: Mapping[str, str]) -> RunEnd:
     def variables_for(node: NodeAssignment, local_rank: int, error_file: str) -> dict[str, str]:
         return worker_variables(prepared.config, node, local_rank, prepared.device, environ, error_file)
 
-    end = Agent(prepared.config, rendezvous, environ, variables_for, events).run()
+    def end_facts() -> dict[str, Any]:
+        if cache is None:
+            return {}
+        entries = {"entries_before": entries_before, "entries_after": count_entries(cache.root)}
+        return {"compile_cache": {"directory": cache.root, **entries}}
+
+    end = Agent(prepared.config, rendezvous, environ, variables_for, events, end_facts).run()
     explain_split_world_failure(end, prepared)
     return end
 
@@ -195,8 +211,10 @@ def event_sinks(prepared: PreparedLaunch, environ: Mapping[str, str]) -> list[Si
     return sinks
 
 
-def open_events(prepared: PreparedLaunch, environ: Mapping[str, str]) -> EventBus:
-    """The run's event bus, its first event emitted: :data:`NO_EVENTS` (no thread, nothing to pay) without sinks."""
+def open_events(prepared: PreparedLaunch, environ: Mapping[str, str], cache_entries: int = 0) -> EventBus:
+    """The run's event bus, its first event emitted: :data:`NO_EVENTS` (no thread, nothing to pay) without sinks.
+
+    ``cache_entries``: the files in ``--compile-cache``'s directory as the launch starts."""
     sinks = event_sinks(prepared, environ)
     if not sinks:
         return NO_EVENTS
@@ -215,8 +233,14 @@ def open_events(prepared: PreparedLaunch, environ: Mapping[str, str]) -> EventBu
         nproc_per_node=config.nproc_per_node,
         device=prepared.device.device,
         runtime=prepared.device.runtime,
+        **cache_attributes(prepared.device.compile_cache, cache_entries),
     )
     return bus
+
+
+def cache_attributes(cache: CompileCache | None, entries: int) -> dict[str, Any]:
+    """``launch.started``'s ``compile_cache``: the directory and its entries, where one was given."""
+    return {} if cache is None else {"compile_cache": {"directory": cache.root, "entries": entries}}
 
 
 def explain_split_world_failure(end: RunEnd, prepared: PreparedLaunch) -> None:

@@ -42,7 +42,7 @@ from xlarun.planning.packages import RUNTIMES
 from xlarun.rdzv_conf import help_text as rdzv_conf_help
 from xlarun.remote.plan import parse_env_assignment, read_env_file
 from xlarun.remote.transport import template_problem
-from xlarun.runtimes import COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
+from xlarun.runtimes import CACHE_WRITERS, COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
 
 TORCHRUN = "torchrun"
 XLARUN = "xlarun"
@@ -206,6 +206,16 @@ def parse_event_log(path: str) -> str:
     if not os.path.isdir(parent):
         raise InvalidValue(f"{parent} is not a directory")
     return path
+
+
+def parse_directory(path: str) -> str:
+    """A local directory, made absolute: the workers get it whatever directory they start in (whether it
+    can be created and written is checked on the node that runs them, before they start)."""
+    if not path.strip():
+        raise InvalidValue("empty")
+    if "://" in path:
+        raise InvalidValue("a URL")
+    return os.path.abspath(path)
 
 
 def _host_list(names: list[str]) -> tuple[str, ...]:
@@ -712,6 +722,27 @@ OPTIONS: tuple[Option, ...] = (
     _xlarun(
         ("--allow-busy-device", "--allow_busy_device"),
         "Start even though other processes hold the device files (a device shared on purpose).",
+    ),
+    _xlarun(
+        ("--compile-cache", "--compile_cache"),
+        "Keep what the workers' XLA compiler compiled in this directory, for the next restart or run: "
+        "each worker gets its runtime's cache variables (torch_xla's XLA_PERSISTENT_CACHE_PATH, read-only "
+        "but for one writer; TorchTPU's, Neuron's, TorchNeuron's), each in a folder of its own. Created "
+        "if missing.",
+        parse_directory,
+        allowed="expected a local directory",
+        variable="PET_COMPILE_CACHE",
+        metavar="DIR",
+    ),
+    _xlarun(
+        ("--compile-cache-writers", "--compile_cache_writers"),
+        "Who writes torch_xla's compile cache. job: global rank 0, every other rank reads (for a DIR the "
+        "nodes may share); node: each node's local rank 0 (for a DIR on each node's own disk).",
+        choice(CACHE_WRITERS),
+        "job",
+        one_of(CACHE_WRITERS),
+        variable="PET_COMPILE_CACHE_WRITERS",
+        metavar=_choices(CACHE_WRITERS),
     ),
     # Every host from one command: the fan-out's own flags (plan.py says what each host is sent).
     _xlarun(

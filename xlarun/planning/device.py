@@ -36,6 +36,7 @@ from xlarun.planning.packages import FIRST_WITH_CUDA_NAME, FIRST_WITHOUT_CUDA, p
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import (
     NATIVE_RUNTIMES,
+    CompileCache,
     XlaOptions,
     apply_user_precedence,
     megascale,
@@ -56,6 +57,7 @@ class DeviceRequest:
     spmd: bool = False
     virtual_devices: int | None = None
     coordinator_port: int | None = None
+    compile_cache: CompileCache | None = None
 
 
 @dataclass(frozen=True)
@@ -80,6 +82,11 @@ class DevicePlan:
     """What a dry run assumed about a machine it cannot see, one line each."""
     torch_xla_version: str | None = None
     """The installed torch_xla, None without one."""
+
+    @property
+    def compile_cache(self) -> CompileCache | None:
+        """Where the workers' compilers keep what they compiled (``--compile-cache``), None where not asked."""
+        return self.xla.compile_cache if self.xla is not None else None
 
     @property
     def plans_slice_addresses(self) -> bool:
@@ -221,6 +228,7 @@ def plan_device(
         local_units=node_units,
         tpu_slice=tpu_slice,
         megascale=joined,
+        compile_cache=request.compile_cache,
     )
     if not dry_run:
         preflight(
