@@ -31,7 +31,11 @@ def counters(stdout: str) -> dict[int, dict[str, Any]]:
 
 def cache_events(path: Path) -> dict[str, Any]:
     events = [json.loads(line) for line in path.read_text().splitlines()]
-    return {event["name"]: event["attributes"]["compile_cache"] for event in events if "compile_cache" in event["attributes"]}
+    return {
+        event["name"]: event["attributes"]["compile_cache"]
+        for event in events
+        if "compile_cache" in event["attributes"]
+    }
 
 
 def test_the_second_run_finds_what_the_writer_wrote_and_no_reader_writes(tmp_path: Path) -> None:

@@ -731,7 +731,7 @@ OPTIONS: tuple[Option, ...] = (
         "if missing.",
         parse_directory,
         allowed="expected a local directory",
-        variable="PET_COMPILE_CACHE",
+        variable="XLARUN_COMPILE_CACHE",
         metavar="DIR",
     ),
     _xlarun(
@@ -741,7 +741,7 @@ OPTIONS: tuple[Option, ...] = (
         choice(CACHE_WRITERS),
         "job",
         one_of(CACHE_WRITERS),
-        variable="PET_COMPILE_CACHE_WRITERS",
+        variable="XLARUN_COMPILE_CACHE_WRITERS",
         metavar=_choices(CACHE_WRITERS),
     ),
     # Every host from one command: the fan-out's own flags (plan.py says what each host is sent).
