@@ -50,7 +50,6 @@ XLARUN = "xlarun"
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 START_METHODS = ("spawn", "fork", "forkserver")
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
-NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
 LOGS_SPECS = ("default",)
 CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "tpu-vm", "mpi")
 EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
@@ -78,8 +77,14 @@ MAX_WORKERS_PER_NODE = 4194304
 """Linux's ``PID_MAX_LIMIT`` on 64-bit hosts: no host runs more processes, so no node more workers."""
 
 
+_NPROC_WORD = re.compile(r"^[a-z][a-z0-9_]*$")
+"""A word for the count: ``auto``, ``cpu``, ``gpu``, ``xpu``, ``tpu``, ``neuron``, or what looks like a PrivateUse1
+backend's name (``npu``), checked against the installed torch's once the workers are counted
+(:func:`xlarun.planning.device.count_workers`)."""
+
+
 def parse_nproc(text: str) -> NprocRequest:
-    if text in NPROC_WORDS:
+    if _NPROC_WORD.match(text):
         return NprocRequest(word=text)
     count = _integer(text)
     if count < 1:
@@ -411,12 +416,13 @@ OPTIONS: tuple[Option, ...] = (
     _torchrun(
         ("--nproc-per-node", "--nproc_per_node"),
         "Workers on this node. auto: one per TPU chip, NeuronCore or GPU of the device (on cpu: the GPUs, "
-        "else the CPUs); gpu: the GPUs; cpu: the CPUs; xpu: the XPUs torch.xpu counts. Always 1 under "
-        "--spmd.",
+        "else the CPUs); gpu: the GPUs; cpu: the CPUs; xpu: the XPUs torch.xpu counts; tpu, neuron: what auto "
+        "counts on that device; another device backend's name (torch's PrivateUse1): the devices it counts. "
+        "Always 1 under --spmd.",
         parse_nproc,
         "1",
-        "expected a positive integer, auto, cpu, gpu or xpu",
-        metavar="N|auto|gpu|cpu|xpu",
+        "expected a positive integer, auto, cpu, gpu or xpu, tpu, neuron or a device backend's name",
+        metavar="N|auto|gpu|cpu|xpu|tpu|neuron",
     ),
     _torchrun(
         ("--rdzv-backend", "--rdzv_backend"),

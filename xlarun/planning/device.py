@@ -32,7 +32,13 @@ from xlarun.host.devices import (
     tpu_chip_id,
     tpu_generation,
 )
-from xlarun.planning.packages import FIRST_WITH_CUDA_NAME, FIRST_WITHOUT_CUDA, preflight, resolve_runtime
+from xlarun.planning.packages import (
+    FIRST_WITH_CUDA_NAME,
+    FIRST_WITHOUT_CUDA,
+    device_backend_packages,
+    preflight,
+    resolve_runtime,
+)
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import (
     NATIVE_RUNTIMES,
@@ -193,7 +199,7 @@ def plan_device(
             )
     units = local_unit_count(device, root)
     host = assumed_host(device, nproc, request.spmd) if dry_run and units == 0 else None
-    host_used = host is not None and nproc.word == "auto" and not request.spmd
+    host_used = host is not None and nproc.word in ("auto", device) and not request.spmd
     topology = generation = tpu_slice = joined = None
     if device == "tpu":
         joined = megascale.read_megascale(environ)
@@ -340,6 +346,12 @@ def assumption(device: str, host: AssumedHost) -> str:
     return f"this host has no {host.lacking}: the plan assumes {host.name}; {another} to plan for another"
 
 
+TORCHRUN_WORDS = ("auto", "cpu", "gpu", "xpu")
+DEVICE_WORDS = ("tpu", "neuron")
+"""The devices whose PyTorch backends (TorchTPU, TorchNeuron) take torch's PrivateUse1 name for their own: what
+``--nproc-per-node tpu`` or ``neuron`` counts is what ``auto`` counts there, from the host's files, no torch."""
+
+
 def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[str, str]) -> int:
     """This node's worker count: a number as given; ``auto`` counts the device's local units.
 
@@ -347,7 +359,9 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
 
     Under SPMD one process sees every local device. ``cpu``/``gpu``, and ``auto``
     without an accelerator, follow torchrun's rule: GPUs where the host shows them,
-    else CPUs.
+    else CPUs. ``tpu`` and ``neuron`` count what ``auto`` counts on that device; another word is
+    torchrun's PrivateUse1 case (``determine_local_world_size``): the installed torch's PrivateUse1
+    backend's name, counting the devices that backend sees (:func:`privateuse1_count`).
     """
     if device.spmd:
         if request.count not in (None, 1) or request.word not in (None, "auto"):
@@ -360,6 +374,15 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
     # Never 0: a host without the device was refused (or a host with it assumed) by plan_device.
     if request.word == "auto" and device.local_units:
         return device.local_units
+    if request.word in DEVICE_WORDS:
+        if device.device != request.word or not device.local_units:
+            raise PlanError(
+                f"found no {DRY_RUN_HOSTS[request.word].lacking} on this host (the device is {device.device}): "
+                "give a number, cpu or auto"
+            )
+        return device.local_units
+    if request.word not in TORCHRUN_WORDS:
+        return privateuse1_count(str(request.word), environ)
     if request.word == "xpu":
         xpus = torch_xpu_count(environ)
         if not xpus:
@@ -394,6 +417,45 @@ def torch_xpu_count(environ: Mapping[str, str]) -> int:
     )
     words = probe.stdout.split()
     return int(words[-1]) if probe.returncode == 0 and words and words[-1].isdigit() else 0
+
+
+PRIVATEUSE1_PROBE = (
+    "import torch; name = torch._C._get_privateuse1_backend_name(); module = getattr(torch, name, None); "
+    "print(name, module.device_count() if module is not None and hasattr(module, 'device_count') else 0)"
+)
+
+
+def privateuse1_count(word: str, environ: Mapping[str, str]) -> int:
+    """The devices of the installed torch's PrivateUse1 backend named ``word`` (torchrun's
+    ``_get_privateuse1_backend_name()`` case, counted with ``torch.<name>.device_count()``).
+
+    A backend takes the name when torch loads it: the packages of the ``torch.backends`` entry point
+    group, which ``import torch`` loads. Without one the name is torch's own ``privateuseone`` and the
+    word is refused at once; with one, torch is asked in a child process, only for such a word, as for
+    ``xpu`` (the launcher itself never imports torch on one node).
+    """
+    expected = f"expected a positive integer, {', '.join(TORCHRUN_WORDS[:-1])} or {TORCHRUN_WORDS[-1]}, " + (
+        f"{' or '.join(DEVICE_WORDS)}, or a device backend's name"
+    )
+    if not device_backend_packages():
+        raise PlanError(f"is not a count, and no installed package gives torch a device backend: {expected}")
+    probe = subprocess.run(
+        [sys.executable, "-c", PRIVATEUSE1_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(environ),
+        stdin=subprocess.DEVNULL,
+    )
+    words = probe.stdout.split()
+    if probe.returncode != 0 or len(words) < 2 or not words[-1].isdigit():
+        raise PlanError(f"is not a count, and torch could not be asked for its device backend: {expected}")
+    name, count = words[-2], int(words[-1])
+    if name != word:
+        raise PlanError(f"is not a count, nor this torch's device backend ({name}): {expected}")
+    if not count:
+        raise PlanError(f"found no {name} device on this host (torch.{name} sees none): give a number, cpu or auto")
+    return count
 
 
 def check_device_plan(device: DevicePlan, probe: NodeAssignment) -> list[str]:
