@@ -832,7 +832,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _xlarun(
         ("--tpu-pod", "--tpu_pod"),
-        "Run on every worker of this TPU VM pod slice, reached through gcloud's ssh.",
+        "Run on every worker of this TPU VM pod slice, or of this TPU7x slice (a managed instance group), "
+        "reached through gcloud's ssh.",
         parse_host,
         allowed="expected the TPU's name",
         variable="XLARUN_TPU_POD",
