@@ -61,6 +61,6 @@ def test_another_word_is_one_line_naming_the_backend(backend_env: dict[str, str]
     result = run_xlarun("--nproc-per-node", "bar", tmp_path / "rank.py", env=backend_env)
     assert result.returncode == 2
     assert result.stderr.splitlines() == [
-        "xlarun: error: --nproc-per-node='bar' is not a count, nor this torch's device backend (foo): expected a "
-        "positive integer, auto, cpu, gpu or xpu, tpu or neuron, or a device backend's name"
+        "xlarun: error: --nproc-per-node='bar' is invalid (not this torch's device backend, foo): expected a "
+        "positive integer, auto, cpu, gpu or xpu, tpu, neuron or a device backend's name"
     ]

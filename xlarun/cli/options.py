@@ -38,6 +38,7 @@ from xlarun.durations import Seconds
 from xlarun.exceptions import InvalidValue, UsageError
 from xlarun.flags import flag
 from xlarun.host.devices import DEVICES
+from xlarun.planning.device import NPROC_ALLOWED
 from xlarun.planning.packages import RUNTIMES
 from xlarun.rdzv_conf import help_text as rdzv_conf_help
 from xlarun.remote.plan import parse_env_assignment, read_env_file
@@ -421,7 +422,7 @@ OPTIONS: tuple[Option, ...] = (
         "Always 1 under --spmd.",
         parse_nproc,
         "1",
-        "expected a positive integer, auto, cpu, gpu or xpu, tpu, neuron or a device backend's name",
+        NPROC_ALLOWED,
         metavar="N|auto|gpu|cpu|xpu|tpu|neuron",
     ),
     _torchrun(

@@ -350,6 +350,11 @@ TORCHRUN_WORDS = ("auto", "cpu", "gpu", "xpu")
 DEVICE_WORDS = ("tpu", "neuron")
 """The devices whose PyTorch backends (TorchTPU, TorchNeuron) take torch's PrivateUse1 name for their own: what
 ``--nproc-per-node tpu`` or ``neuron`` counts is what ``auto`` counts there, from the host's files, no torch."""
+NPROC_ALLOWED = (
+    f"expected a positive integer, {', '.join(TORCHRUN_WORDS[:-1])} or {TORCHRUN_WORDS[-1]}, "
+    f"{', '.join(DEVICE_WORDS)} or a device backend's name"
+)
+"""What ``--nproc-per-node`` takes, as its refusals say it."""
 
 
 def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[str, str]) -> int:
@@ -434,11 +439,8 @@ def privateuse1_count(word: str, environ: Mapping[str, str]) -> int:
     word is refused at once; with one, torch is asked in a child process, only for such a word, as for
     ``xpu`` (the launcher itself never imports torch on one node).
     """
-    expected = f"expected a positive integer, {', '.join(TORCHRUN_WORDS[:-1])} or {TORCHRUN_WORDS[-1]}, " + (
-        f"{' or '.join(DEVICE_WORDS)}, or a device backend's name"
-    )
     if not device_backend_packages():
-        raise PlanError(f"is not a count, and no installed package gives torch a device backend: {expected}")
+        raise PlanError(f"is invalid (no installed package gives torch a device backend): {NPROC_ALLOWED}")
     probe = subprocess.run(
         [sys.executable, "-c", PRIVATEUSE1_PROBE],
         capture_output=True,
@@ -449,10 +451,10 @@ def privateuse1_count(word: str, environ: Mapping[str, str]) -> int:
     )
     words = probe.stdout.split()
     if probe.returncode != 0 or len(words) < 2 or not words[-1].isdigit():
-        raise PlanError(f"is not a count, and torch could not be asked for its device backend: {expected}")
+        raise PlanError(f"is invalid (torch could not be asked for its device backend): {NPROC_ALLOWED}")
     name, count = words[-2], int(words[-1])
     if name != word:
-        raise PlanError(f"is not a count, nor this torch's device backend ({name}): {expected}")
+        raise PlanError(f"is invalid (not this torch's device backend, {name}): {NPROC_ALLOWED}")
     if not count:
         raise PlanError(f"found no {name} device on this host (torch.{name} sees none): give a number, cpu or auto")
     return count
