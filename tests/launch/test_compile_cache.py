@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import run_xlarun, worker
+from helpers import plan, run_xlarun, worker
 
 pytestmark = pytest.mark.torch_xla
 
@@ -98,3 +98,14 @@ def test_a_directory_that_cannot_be_created_or_written_is_one_line(tmp_path: Pat
     [line] = result.stderr.splitlines()
     assert line.startswith(f"xlarun: error: --compile-cache {cache}: {said}"), line
     assert not marker.exists()
+
+
+def test_the_dry_run_shows_every_ranks_cache_variables_and_creates_nothing(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    document = plan("--nproc-per-node", "3", "--device", "cpu", "--compile-cache", cache, "train.py")
+    assert document["files"]["compile_cache"] == str(cache)
+    assert [
+        (worker["env"]["XLA_PERSISTENT_CACHE_PATH"], worker["env"]["XLA_PERSISTENT_CACHE_READ_ONLY"])
+        for worker in document["workers"]
+    ] == [(f"{cache}/torch_xla", "0"), (f"{cache}/torch_xla", "1"), (f"{cache}/torch_xla", "1")]
+    assert not cache.exists()

@@ -350,12 +350,13 @@ def check_command(config: LaunchConfig) -> None:
 
 def print_plan(prepared: PreparedLaunch, environ: Mapping[str, str]) -> int:
     """Print the dry run's plan on stdout, and on stderr the lines a real run would print with what was assumed."""
+    cache = prepared.device.compile_cache
     document = plan_document(
         prepared.config,
         prepared.device,
         environ,
         notices=prepared.notices,
-        files={"metrics_textfile": prepared.metrics_textfile},
+        files={"metrics_textfile": prepared.metrics_textfile, "compile_cache": cache.root if cache else None},
     )
     for line in (*document["notices"], *document["assumed"]):
         say(line)
