@@ -4,7 +4,7 @@ fan-out (:mod:`xlarun.remote.fanout`) or the dry run.
 Every flag the user gave that is not the fan-out's own goes to every host unchanged, so it means
 there what it means on one host; the host list decides the node count, each node's rank, node 0
 and the run id. Nothing here contacts a host (``--tpu-pod`` lists the pod's workers from its
-description).
+description, or a TPU7x slice's instances from its managed instance group).
 """
 
 from __future__ import annotations
