@@ -607,3 +607,30 @@ def test_without_cloudpickle_a_lambda_is_refused_naming_the_extra_and_a_module_f
         and "\n" not in got[0]
     )
     assert got[1] is True
+
+
+def test_compile_cache_is_a_keyword_and_the_summary_counts_its_entries(tmp_path: Path) -> None:
+    got = run_caller(
+        tmp_path,
+        """
+        import cached
+
+        result = xlarun.launch(cached.variables, nproc_per_node=2, device="cpu", compile_cache="cache")
+        print(json.dumps({"values": result.values, "summary": result.summary["compile_cache"]}))
+        """,
+        {
+            "cached": """
+            import os
+
+            def variables():
+                cache = os.path.dirname(os.environ["XLA_PERSISTENT_CACHE_PATH"])
+                with open(os.path.join(cache, os.environ["RANK"]), "w"):
+                    pass
+                return [os.environ[name] for name in ("XLA_PERSISTENT_CACHE_PATH", "XLA_PERSISTENT_CACHE_READ_ONLY")]
+            """
+        },
+    )
+    cache = str(tmp_path / "cache")
+    assert got["values"] == [[f"{cache}/torch_xla", "0"], [f"{cache}/torch_xla", "1"]]
+    # Each rank left a file in the directory, which the launcher created before they started.
+    assert got["summary"] == {"directory": cache, "entries_before": 0, "entries_after": 2}

@@ -1,6 +1,8 @@
 """``--tpu-pod NAME --tpu-zone ZONE`` against a stub gcloud: the pod's workers listed once from its
 description, each reached with ``gcloud compute tpus tpu-vm ssh --worker=N -- -T``, each node's rank
-and node 0 read from its own VM's metadata server (here one stub server per worker).
+and node 0 read from its own VM's metadata server (here one stub server per worker). A TPU7x slice, a
+managed instance group, where no Cloud TPU has the name: its instances listed once, each reached with
+``gcloud compute ssh INSTANCE -- -T``.
 
 The stub (``tests/fixtures/gcloud/gcloud``) runs ssh's command here with ``sh -c``, pointing it at the
 worker's metadata server; the workers' addresses are loopback ones, so node 0 is reachable.
@@ -15,11 +17,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import pytest
-from gcloud import StubGcloud, pod_description, stub_gcloud
+from gcloud import StubGcloud, group_instances, pod_description, stub_gcloud
 from helpers import Run, free_port, run_xlarun
 from metadata import Served, serve_metadata, slice_attributes
 
 IPS = ["127.0.0.1", "127.0.0.2"]
+INSTANCES = ["slice-7x-w0", "slice-7x-w1"]
 ZONE = "us-central2-b"
 WORKER = (
     "import os\nprint('rank', os.environ['RANK'], 'node', os.environ['GROUP_RANK'], 'of',\n"
@@ -32,10 +35,10 @@ class Pod(NamedTuple):
     metadata: list[Served]
     workdir: Path
 
-    def run(self, *flags: object, env: dict[str, str] | None = None) -> Run:
+    def run(self, *flags: object, env: dict[str, str] | None = None, name: str = "pod") -> Run:
         return run_xlarun(
             "--tpu-pod",
-            "pod",
+            name,
             "--tpu-zone",
             ZONE,
             *flags,
@@ -48,7 +51,7 @@ class Pod(NamedTuple):
         )
 
     def ssh_calls(self) -> list[list[str]]:
-        return [call for call in self.gcloud.calls() if call[3] == "ssh"]
+        return [call for call in self.gcloud.calls() if "ssh" in call[1:4]]
 
 
 @pytest.fixture
@@ -63,6 +66,13 @@ def pod(tmp_path: Path) -> Iterator[Pod]:
                     "zone": ZONE,
                     "describe": pod_description(IPS),
                     "metadata_hosts": [server.host for server in served],
+                }
+            },
+            {
+                "slice-7x": {
+                    "zone": ZONE,
+                    "list": group_instances(INSTANCES, ZONE),
+                    "metadata_hosts": {name: server.host for name, server in zip(INSTANCES, served, strict=True)},
                 }
             },
         )
@@ -114,7 +124,10 @@ def test_a_pod_gcloud_cannot_describe_is_one_line_and_starts_nothing(pod: Pod) -
     assert result.stderr.splitlines() == [
         f"xlarun: error: --tpu-pod other: gcloud compute tpus tpu-vm describe other --zone {ZONE} --format=json "
         f"failed: ERROR: (gcloud.compute.tpus.tpu-vm) NOT_FOUND: Resource "
-        f"'projects/stub/locations/{ZONE}/nodes/other' was not found"
+        f"'projects/stub/locations/{ZONE}/nodes/other' was not found; nor a managed instance group: gcloud compute "
+        f"instance-groups managed list-instances other --zone {ZONE} --format=json failed: ERROR: "
+        f"(gcloud.compute.instance-groups.managed.list-instances) HTTPError 404: The resource "
+        f"'projects/stub/zones/{ZONE}/instanceGroupManagers/other' was not found"
     ]
     assert pod.ssh_calls() == []
 
@@ -128,3 +141,35 @@ def test_no_gcloud_is_one_line(pod: Pod, tmp_path: Path) -> None:
         "xlarun: error: --tpu-pod pod: gcloud is not installed (not on PATH): "
         "install the Google Cloud CLI, or name the VMs with --hosts"
     ]
+
+
+def test_the_dry_run_lists_a_tpu7x_slices_instances_and_plans_gclouds_ssh_to_each(pod: Pod) -> None:
+    result = pod.run("--dry-run", name="slice-7x")
+    assert result.returncode == 0, result.stderr
+    hosts = json.loads(result.stdout)["hosts"]
+    assert [host["host"] for host in hosts] == INSTANCES
+    for instance, host in zip(INSTANCES, hosts, strict=True):
+        transport = host["transport"]
+        assert transport[:8] == ["gcloud", "compute", "ssh", instance, "--zone", ZONE, "--quiet", "--command"]
+        assert transport[8].endswith(" -m xlarun --agent-stdin") and transport[9:] == ["--", "-T"]
+        assert "--cluster=tpu-vm" in host["plan"]["argv"] and host["plan"]["node_rank"] is None
+    assert pod.gcloud.calls() == [
+        ["compute", "tpus", "tpu-vm", "describe", "slice-7x", "--zone", ZONE, "--format=json"],
+        ["compute", "instance-groups", "managed", "list-instances", "slice-7x", "--zone", ZONE, "--format=json"],
+    ]
+    assert all(server.requests == [] for server in pod.metadata)
+
+
+def test_every_instance_of_a_tpu7x_slice_runs_its_node_with_the_rank_its_metadata_gives(pod: Pod) -> None:
+    port = free_port()
+    result = pod.run("--master-port", port, name="slice-7x")
+    assert result.returncode == 0, result.stderr
+    assert sorted(line for line in result.stdout.splitlines() if " rank " in line) == [
+        f"slice-7x-w0:0: rank 0 node 0 of 2 at 127.0.0.1:{port}",
+        f"slice-7x-w1:1: rank 1 node 1 of 2 at 127.0.0.1:{port}",
+    ], result.stdout
+    assert sorted(call[:6] for call in pod.ssh_calls()) == [
+        ["compute", "ssh", instance, "--zone", ZONE, "--quiet"] for instance in INSTANCES
+    ]
+    for server in pod.metadata:
+        assert any(path.endswith("/agent-worker-number") for path, _ in server.requests), server.requests

@@ -15,7 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import prepare, refusal
+from helpers import TESTS, prepare, refusal
 
 from xlarun.cli.command import parse_command_line, split_command_line
 from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, TORCHRUN, read_options
@@ -81,6 +81,17 @@ BAD_INPUTS = {
         "(from PET_VIRTUAL_LOCAL_RANK) must be 0 or 1",
     ),
     "nproc xpu without xpus": (["--nproc_per_node", "xpu"], {}, "--nproc-per-node='xpu' found no XPU on this host"),
+    "nproc tpu without chips": (
+        ["--nproc_per_node", "tpu"],
+        {},
+        "--nproc-per-node='tpu' found no TPU chips on this host (the device is cpu): give a number, cpu or auto",
+    ),
+    "nproc neuron on another device": (
+        ["--nproc_per_node", "neuron", "--dry-run"],
+        {"XLARUN_HOST_ROOT": str(TESTS / "fixtures" / "hosts" / "tpu-v4-vm")},
+        "--nproc-per-node='neuron' found no Neuron devices on this host (the device is tpu)",
+    ),
+    "nproc not a word": (["--nproc_per_node", "2x"], {}, "--nproc-per-node='2x' is invalid"),
     "completion shell": (["--print-completion", "fish"], {}, "'fish' is not one of 'bash', 'zsh', 'tcsh'"),
     "summary file is a directory": (["--summary-file", "/"], {}, "--summary-file='/'"),
     "device": (["--device", "gpu"], {}, "--device='gpu' is invalid: expected one of auto, tpu"),
@@ -289,3 +300,10 @@ def test_every_seconds_flag_takes_the_bound_and_refuses_past_it(dest: str) -> No
     for text in (str(MAX_SECONDS + 0.5), "inf", "-inf", "nan", "-1"):
         with pytest.raises(ValueError):
             option.parse(text)
+
+
+@pytest.mark.parametrize(("host", "word", "count"), [("tpu-v4-vm", "tpu", 4), ("trn1-32xlarge", "neuron", 32)])
+def test_a_devices_name_counts_what_auto_counts_there(host: str, word: str, count: int) -> None:
+    env = {"XLARUN_HOST_ROOT": str(TESTS / "fixtures" / "hosts" / host)}
+    for given in (word, "auto"):
+        assert prepare("--dry-run", "--nproc_per_node", given, "train.py", env=env).config.nproc_per_node == count

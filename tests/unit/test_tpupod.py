@@ -2,17 +2,27 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 from pathlib import Path
 
 import pytest
-from gcloud import pod_description, stub_gcloud
+from gcloud import group_instances, pod_description, stub_gcloud
 
 from xlarun.exceptions import UsageError
-from xlarun.remote.tpupod import describe_argv, endpoint_addresses, pod_hosts, pod_rsh_template
+from xlarun.remote.tpupod import (
+    describe_argv,
+    endpoint_addresses,
+    find_pod,
+    instance_names,
+    instance_rsh_template,
+    pod_hosts,
+    pod_rsh_template,
+)
 from xlarun.remote.transport import remote_command, transport_argv
 
 IPS = ["10.130.0.2", "10.130.0.3", "10.130.0.4", "10.130.0.5"]
+INSTANCES = ["slice-7x-w0", "slice-7x-w1", "slice-7x-w2", "slice-7x-w3"]
 
 
 @pytest.fixture
@@ -22,6 +32,14 @@ def gcloud_on_path(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         {
             "pod": {"zone": "us-central2-b", "describe": pod_description(IPS), "metadata_hosts": []},
             "empty": {"zone": "us-central2-b", "describe": pod_description([], "CREATING"), "metadata_hosts": []},
+        },
+        {
+            "slice-7x": {
+                "zone": "us-central2-b",
+                "list": group_instances(INSTANCES, "us-central2-b"),
+                "metadata_hosts": {},
+            },
+            "no-vms": {"zone": "us-central2-b", "list": [], "metadata_hosts": {}},
         },
     )
     for name, value in stub.env.items():
@@ -119,3 +137,65 @@ def test_each_worker_is_reached_by_its_number_without_a_terminal() -> None:
         "--",
         "-T",
     ]
+
+
+def test_a_managed_instance_group_is_found_where_no_cloud_tpu_is(gcloud_on_path: Path) -> None:
+    pod = find_pod("slice-7x", "us-central2-b")
+    assert pod.hosts == INSTANCES
+    assert pod.template == instance_rsh_template("us-central2-b")
+    assert [call[:4] for call in map(json.loads, gcloud_on_path.read_text().splitlines())] == [
+        ["compute", "tpus", "tpu-vm", "describe"],
+        ["compute", "instance-groups", "managed", "list-instances"],
+    ]
+    # A Cloud TPU of the name comes first: no group is asked for.
+    assert find_pod("pod", "us-central2-b").template == pod_rsh_template("pod", "us-central2-b")
+
+
+def test_neither_a_cloud_tpu_nor_a_group_is_one_line_naming_both(gcloud_on_path: Path) -> None:
+    with pytest.raises(UsageError) as raised:
+        pod_hosts("other", "us-central2-b")
+    assert str(raised.value) == (
+        "--tpu-pod other: gcloud compute tpus tpu-vm describe other --zone us-central2-b --format=json failed: "
+        "ERROR: (gcloud.compute.tpus.tpu-vm) NOT_FOUND: Resource 'projects/stub/locations/us-central2-b/nodes/other' "
+        "was not found; nor a managed instance group: gcloud compute instance-groups managed list-instances other "
+        "--zone us-central2-b --format=json failed: ERROR: (gcloud.compute.instance-groups.managed.list-instances) "
+        "HTTPError 404: The resource 'projects/stub/zones/us-central2-b/instanceGroupManagers/other' was not found"
+    )
+    with pytest.raises(
+        UsageError, match=r"^--tpu-pod no-vms: gcloud compute instance-groups .*: the group has no instances$"
+    ):
+        pod_hosts("no-vms", "us-central2-b")
+
+
+@pytest.mark.parametrize(
+    ("instances", "said"),
+    [
+        ({}, "the list is not a JSON array"),
+        ([{"instance": "https://x/zones/z/instances/a"}, {"id": "1"}], "instance 1 has no instance name"),
+        ([{"instance": "https://x/zones/z/instances/a;rm -rf ~"}], "instance 0 has no instance name"),
+        ([{"name": "a"}, {"instance": "https://x/zones/z/instances/a"}], "the instances repeat"),
+    ],
+)
+def test_a_list_that_is_not_a_groups_is_refused(instances: object, said: str) -> None:
+    with pytest.raises(ValueError) as raised:
+        instance_names(instances)
+    assert str(raised.value).startswith(said)
+
+
+def test_each_instance_is_reached_by_its_name_without_a_terminal() -> None:
+    command = remote_command("/opt/venv/bin/python")
+    argv = transport_argv("slice-7x-w2", 2, command, rsh_template=instance_rsh_template("us-central2-b"))
+    assert argv == [
+        "gcloud",
+        "compute",
+        "ssh",
+        "slice-7x-w2",
+        "--zone",
+        "us-central2-b",
+        "--quiet",
+        "--command",
+        command,
+        "--",
+        "-T",
+    ]
+    assert shlex.split(instance_rsh_template(None))[3:] == ["{host}", "--quiet", "--command", "{command}", "--", "-T"]

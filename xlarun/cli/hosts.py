@@ -4,7 +4,7 @@ fan-out (:mod:`xlarun.remote.fanout`) or the dry run.
 Every flag the user gave that is not the fan-out's own goes to every host unchanged, so it means
 there what it means on one host; the host list decides the node count, each node's rank, node 0
 and the run id. Nothing here contacts a host (``--tpu-pod`` lists the pod's workers from its
-description).
+description, or a TPU7x slice's instances from its managed instance group).
 """
 
 from __future__ import annotations
@@ -44,21 +44,14 @@ def node_options(given: Mapping[str, str | None]) -> list[str]:
     return options
 
 
-def host_list(values: OptionValues) -> list[str]:
+def hosts_and_template(values: OptionValues) -> tuple[list[str], str | None]:
+    """The hosts, and the ``--rsh`` template that reaches them (None: ssh); a TPU pod's from gcloud, listed once."""
     if values["tpu_pod"]:
-        from xlarun.remote.tpupod import pod_hosts
+        from xlarun.remote.tpupod import find_pod
 
-        return pod_hosts(values["tpu_pod"], values["tpu_zone"])
-    return list(values["hosts"] or values["hostfile"])
-
-
-def rsh_template(values: OptionValues) -> str | None:
-    if values["tpu_pod"]:
-        from xlarun.remote.tpupod import pod_rsh_template
-
-        return pod_rsh_template(values["tpu_pod"], values["tpu_zone"])
-    rsh: str | None = values["rsh"]
-    return rsh
+        pod = find_pod(values["tpu_pod"], values["tpu_zone"])
+        return pod.hosts, pod.template
+    return list(values["hosts"] or values["hostfile"]), values["rsh"]
 
 
 def plan_job(
@@ -75,8 +68,9 @@ def plan_job(
     travelling = {name: value for name, value in allowed_environment(environ).items() if name not in LAUNCHER_VARIABLES}
     env = {**travelling, **(values["env_file"] or {}), **dict(values["env"] or ())}
     program = "module" if values["module"] else "program" if values["no_python"] else "script"
+    hosts, template = hosts_and_template(values)
     plans = plan_hosts(
-        host_list(values),
+        hosts,
         node_options(given),
         [script, *script_args],
         run_id=run_id,
@@ -94,7 +88,7 @@ def plan_job(
         allow_busy_device=values["allow_busy_device"],
     )
     remote_python = values["remote_python"] or sys.executable
-    command, template = remote_command(remote_python), rsh_template(values)
+    command = remote_command(remote_python)
     argvs = [transport_argv(plan.host, plan.index, command, values["ssh_config"], template) for plan in plans]
     return plans, argvs, remote_python
 
@@ -108,7 +102,7 @@ def launch_hosts(
 ) -> int:
     """Run the job on every host (or print, for each, the transport's argv and the plan); the exit code."""
     plans, argvs, remote_python = plan_job(values, given, script, script_args, environ)
-    reached_addresses = rsh_template(values) is None
+    reached_addresses = not (values["tpu_pod"] or values["rsh"])
     if values["dry_run"]:
         document = {
             "hosts": [

@@ -12,12 +12,14 @@ import os
 import sys
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from xlarun.cli.options import read_options
 from xlarun.config import LaunchConfig, Topology
 from xlarun.console import console, say
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
+from xlarun.host.cachedir import count_entries, prepare_cache_directory
 from xlarun.host.holders import busy_device_holders, busy_device_refusal, describe_holder
 from xlarun.host.ports import free_port, is_local_address, taken_here
 from xlarun.host.programs import program_problem
@@ -28,6 +30,7 @@ from xlarun.planning.plan import LaunchPlan, plan_launch
 from xlarun.planning.rules import check_hosts, require_script
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous, multi_node_rendezvous
+from xlarun.runtimes import CompileCache
 from xlarun.supervision.agent import EVENTS_FLUSH_S, Agent
 from xlarun.supervision.end import RunEnd
 from xlarun.supervision.events import NO_EVENTS, EventBus, Sink, trace_id_of
@@ -69,9 +72,12 @@ def launch_from_command_line(
 
 
 def check_before_start(prepared: LaunchPlan, environ: Mapping[str, str]) -> None:
-    """What :func:`run_launch` refuses before anything starts (a busy device, a taken store port, a missing
-    program), where the launch is to be left running: nothing is started, nothing is contacted, and torch is
-    not imported (the rendezvous of several nodes checks its own when the run starts)."""
+    """What :func:`run_launch` refuses before anything starts (a compile cache that cannot be written, a busy
+    device, a taken store port, a missing program), where the launch is to be left running: nothing is started,
+    nothing is contacted, and torch is not imported (the rendezvous of several nodes checks its own when the run
+    starts)."""
+    if prepared.device.compile_cache is not None:
+        prepare_cache_directory(prepared.device.compile_cache.root)
     if not prepared.config.allow_busy_device:
         refuse_busy_device(prepared.device.device, environ)
     if prepared.config.topology in (Topology.STANDALONE, Topology.LONE_NODE):
@@ -83,8 +89,12 @@ def run_launch(prepared: LaunchPlan, environ: Mapping[str, str]) -> RunEnd:
     """Preflight the planned launch, run it, and say how it ended: the command's engine, and
     :func:`xlarun.launch`'s. Refusals before anything starts are raised (:class:`UsageError`,
     :class:`LaunchError`); ``environ`` is what the workers get, under xlarun's own variables."""
-    events = open_events(prepared, environ)
+    cache = prepared.device.compile_cache
+    entries_before = count_entries(cache.root) if cache is not None else 0
+    events = open_events(prepared, environ, entries_before)
     try:
+        if cache is not None:
+            prepare_cache_directory(cache.root)
         if not prepared.config.allow_busy_device:
             refuse_busy_device(prepared.device.device, environ)
         rendezvous = choose_rendezvous(prepared.config, prepared.device, environ)
@@ -100,7 +110,13 @@ def run_launch(prepared: LaunchPlan, environ: Mapping[str, str]) -> RunEnd:
     def variables_for(node: NodeAssignment, local_rank: int, error_file: str) -> dict[str, str]:
         return worker_variables(prepared.config, node, local_rank, prepared.device, environ, error_file)
 
-    end = Agent(prepared.config, rendezvous, environ, variables_for, events).run()
+    def end_facts() -> dict[str, Any]:
+        if cache is None:
+            return {}
+        entries = {"entries_before": entries_before, "entries_after": count_entries(cache.root)}
+        return {"compile_cache": {"directory": cache.root, **entries}}
+
+    end = Agent(prepared.config, rendezvous, environ, variables_for, events, end_facts).run()
     explain_split_world_failure(end, prepared)
     return end
 
@@ -134,8 +150,10 @@ def event_sinks(prepared: LaunchPlan, environ: Mapping[str, str]) -> list[Sink]:
     return sinks
 
 
-def open_events(prepared: LaunchPlan, environ: Mapping[str, str]) -> EventBus:
-    """The run's event bus, its first event emitted: :data:`NO_EVENTS` (no thread, nothing to pay) without sinks."""
+def open_events(prepared: LaunchPlan, environ: Mapping[str, str], cache_entries: int = 0) -> EventBus:
+    """The run's event bus, its first event emitted: :data:`NO_EVENTS` (no thread, nothing to pay) without sinks.
+
+    ``cache_entries``: the files in ``--compile-cache``'s directory as the launch starts."""
     sinks = event_sinks(prepared, environ)
     if not sinks:
         return NO_EVENTS
@@ -154,8 +172,14 @@ def open_events(prepared: LaunchPlan, environ: Mapping[str, str]) -> EventBus:
         nproc_per_node=config.nproc_per_node,
         device=prepared.device.device,
         runtime=prepared.device.runtime,
+        **cache_attributes(prepared.device.compile_cache, cache_entries),
     )
     return bus
+
+
+def cache_attributes(cache: CompileCache | None, entries: int) -> dict[str, Any]:
+    """``launch.started``'s ``compile_cache``: the directory and its entries, where one was given."""
+    return {} if cache is None else {"compile_cache": {"directory": cache.root, "entries": entries}}
 
 
 def explain_split_world_failure(end: RunEnd, prepared: LaunchPlan) -> None:
@@ -236,12 +260,13 @@ def print_plan(prepared: LaunchPlan, environ: Mapping[str, str]) -> int:
     """Print the dry run's plan on stdout, and on stderr the lines a real run would print with what was assumed."""
     from xlarun.planning.dryrun import plan_document  # the dry run's own module: a real run never loads it
 
+    cache = prepared.device.compile_cache
     document = plan_document(
         prepared.config,
         prepared.device,
         environ,
         notices=prepared.notices,
-        files={"metrics_textfile": prepared.metrics_textfile},
+        files={"metrics_textfile": prepared.metrics_textfile, "compile_cache": cache.root if cache else None},
     )
     for line in (*document["notices"], *document["assumed"]):
         say(line)

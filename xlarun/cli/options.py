@@ -38,9 +38,10 @@ from xlarun.durations import Seconds
 from xlarun.exceptions import InvalidValue, UsageError
 from xlarun.flags import flag
 from xlarun.host.devices import DEVICES
+from xlarun.planning.device import NPROC_ALLOWED
 from xlarun.planning.packages import RUNTIMES
 from xlarun.rdzv_conf import help_text as rdzv_conf_help
-from xlarun.runtimes import COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
+from xlarun.runtimes import CACHE_WRITERS, COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
 
 TORCHRUN = "torchrun"
 XLARUN = "xlarun"
@@ -48,7 +49,6 @@ XLARUN = "xlarun"
 RDZV_BACKENDS = ("static", "c10d", "etcd", "etcd-v2")
 START_METHODS = ("spawn", "fork", "forkserver")
 NUMA_BINDINGS = ("node", "socket", "exclusive", "core-complex")
-NPROC_WORDS = ("auto", "cpu", "gpu", "xpu")
 LOGS_SPECS = ("default",)
 CLUSTER_KINDS = ("none", "auto", "slurm", "k8s", "gke-tpu", "tpu-vm", "mpi")
 EVENT_LOG_HANDLERS = ("null", "console", "dynamic_rendezvous")
@@ -76,8 +76,14 @@ MAX_WORKERS_PER_NODE = 4194304
 """Linux's ``PID_MAX_LIMIT`` on 64-bit hosts: no host runs more processes, so no node more workers."""
 
 
+_NPROC_WORD = re.compile(r"^[a-z][a-z0-9_]*$")
+"""A word for the count: ``auto``, ``cpu``, ``gpu``, ``xpu``, ``tpu``, ``neuron``, or what looks like a PrivateUse1
+backend's name (``npu``), checked against the installed torch's once the workers are counted
+(:func:`xlarun.planning.device.count_workers`)."""
+
+
 def parse_nproc(text: str) -> NprocRequest:
-    if text in NPROC_WORDS:
+    if _NPROC_WORD.match(text):
         return NprocRequest(word=text)
     count = _integer(text)
     if count < 1:
@@ -214,6 +220,16 @@ def parse_event_log(path: str) -> str:
     if not os.path.isdir(parent):
         raise InvalidValue(f"{parent} is not a directory")
     return path
+
+
+def parse_directory(path: str) -> str:
+    """A local directory, made absolute: the workers get it whatever directory they start in (whether it
+    can be created and written is checked on the node that runs them, before they start)."""
+    if not path.strip():
+        raise InvalidValue("empty")
+    if "://" in path:
+        raise InvalidValue("a URL")
+    return os.path.abspath(path)
 
 
 def _host_list(names: list[str]) -> tuple[str, ...]:
@@ -418,12 +434,13 @@ OPTIONS: tuple[Option, ...] = (
     _torchrun(
         ("--nproc-per-node", "--nproc_per_node"),
         "Workers on this node. auto: one per TPU chip, NeuronCore or GPU of the device (on cpu: the GPUs, "
-        "else the CPUs); gpu: the GPUs; cpu: the CPUs; xpu: the XPUs torch.xpu counts. Always 1 under "
-        "--spmd.",
+        "else the CPUs); gpu: the GPUs; cpu: the CPUs; xpu: the XPUs torch.xpu counts; tpu, neuron: what auto "
+        "counts on that device; another device backend's name (torch's PrivateUse1): the devices it counts. "
+        "Always 1 under --spmd.",
         parse_nproc,
         "1",
-        "expected a positive integer, auto, cpu, gpu or xpu",
-        metavar="N|auto|gpu|cpu|xpu",
+        NPROC_ALLOWED,
+        metavar="N|auto|gpu|cpu|xpu|tpu|neuron",
     ),
     _torchrun(
         ("--rdzv-backend", "--rdzv_backend"),
@@ -746,6 +763,27 @@ OPTIONS: tuple[Option, ...] = (
         ("--allow-busy-device", "--allow_busy_device"),
         "Start even though other processes hold the device files (a device shared on purpose).",
     ),
+    _xlarun(
+        ("--compile-cache", "--compile_cache"),
+        "Keep what the workers' XLA compiler compiled in this directory, for the next restart or run: "
+        "each worker gets its runtime's cache variables (torch_xla's XLA_PERSISTENT_CACHE_PATH, read-only "
+        "but for one writer; TorchTPU's, Neuron's, TorchNeuron's), each in a folder of its own. Created "
+        "if missing.",
+        parse_directory,
+        allowed="expected a local directory",
+        variable="XLARUN_COMPILE_CACHE",
+        metavar="DIR",
+    ),
+    _xlarun(
+        ("--compile-cache-writers", "--compile_cache_writers"),
+        "Who writes torch_xla's compile cache. job: global rank 0, every other rank reads (for a DIR the "
+        "nodes may share); node: each node's local rank 0 (for a DIR on each node's own disk).",
+        choice(CACHE_WRITERS),
+        "job",
+        one_of(CACHE_WRITERS),
+        variable="XLARUN_COMPILE_CACHE_WRITERS",
+        metavar=_choices(CACHE_WRITERS),
+    ),
     # Every host from one command: the fan-out's own flags (plan.py says what each host is sent).
     _xlarun(
         ("--hosts",),
@@ -828,7 +866,8 @@ OPTIONS: tuple[Option, ...] = (
     ),
     _xlarun(
         ("--tpu-pod", "--tpu_pod"),
-        "Run on every worker of this TPU VM pod slice, reached through gcloud's ssh.",
+        "Run on every worker of this TPU VM pod slice, or of this TPU7x slice (a managed instance group), "
+        "reached through gcloud's ssh.",
         parse_host,
         allowed="expected the TPU's name",
         variable="XLARUN_TPU_POD",

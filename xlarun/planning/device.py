@@ -34,9 +34,15 @@ from xlarun.host.devices import (
     tpu_chip_id,
     tpu_generation,
 )
-from xlarun.planning.packages import FIRST_WITH_CUDA_NAME, FIRST_WITHOUT_CUDA, preflight, resolve_runtime
+from xlarun.planning.packages import (
+    FIRST_WITH_CUDA_NAME,
+    FIRST_WITHOUT_CUDA,
+    device_backend_packages,
+    preflight,
+    resolve_runtime,
+)
 from xlarun.ranks import NodeAssignment
-from xlarun.runtimes import NATIVE_RUNTIMES, XlaOptions, apply_user_precedence, xla_env
+from xlarun.runtimes import NATIVE_RUNTIMES, CompileCache, XlaOptions, apply_user_precedence, xla_env
 from xlarun.runtimes.releases import installed_version, major_minor, release_of
 
 if TYPE_CHECKING:
@@ -52,6 +58,7 @@ class DeviceRequest:
     spmd: bool = False
     virtual_devices: int | None = None
     coordinator_port: int | None = None
+    compile_cache: CompileCache | None = None
 
 
 @dataclass(frozen=True)
@@ -76,6 +83,11 @@ class DevicePlan:
     """What a dry run assumed about a machine it cannot see, one line each."""
     torch_xla_version: str | None = None
     """The installed torch_xla, None without one."""
+
+    @property
+    def compile_cache(self) -> CompileCache | None:
+        """Where the workers' compilers keep what they compiled (``--compile-cache``), None where not asked."""
+        return self.xla.compile_cache if self.xla is not None else None
 
     @property
     def plans_slice_addresses(self) -> bool:
@@ -184,7 +196,7 @@ def plan_device(
             )
     units = local_unit_count(device, root)
     host = assumed_host(device, nproc, request.spmd) if dry_run and units == 0 else None
-    host_used = host is not None and nproc.word == "auto" and not request.spmd
+    host_used = host is not None and nproc.word in ("auto", device) and not request.spmd
     topology = generation = tpu_slice = joined = None
     if device == "tpu":
         # Each device's modules load only where its plan needs them.
@@ -226,6 +238,7 @@ def plan_device(
         local_units=node_units,
         tpu_slice=tpu_slice,
         megascale=joined,
+        compile_cache=request.compile_cache,
     )
     if not dry_run:
         preflight(
@@ -339,6 +352,17 @@ def assumption(device: str, host: AssumedHost) -> str:
     return f"this host has no {host.lacking}: the plan assumes {host.name}; {another} to plan for another"
 
 
+TORCHRUN_WORDS = ("auto", "cpu", "gpu", "xpu")
+DEVICE_WORDS = ("tpu", "neuron")
+"""The devices whose PyTorch backends (TorchTPU, TorchNeuron) take torch's PrivateUse1 name for their own: what
+``--nproc-per-node tpu`` or ``neuron`` counts is what ``auto`` counts there, from the host's files, no torch."""
+NPROC_ALLOWED = (
+    f"expected a positive integer, {', '.join(TORCHRUN_WORDS[:-1])} or {TORCHRUN_WORDS[-1]}, "
+    f"{', '.join(DEVICE_WORDS)} or a device backend's name"
+)
+"""What ``--nproc-per-node`` takes, as its refusals say it."""
+
+
 def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[str, str]) -> int:
     """This node's worker count: a number as given; ``auto`` counts the device's local units.
 
@@ -346,7 +370,9 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
 
     Under SPMD one process sees every local device. ``cpu``/``gpu``, and ``auto``
     without an accelerator, follow torchrun's rule: GPUs where the host shows them,
-    else CPUs.
+    else CPUs. ``tpu`` and ``neuron`` count what ``auto`` counts on that device; another word is
+    torchrun's PrivateUse1 case (``determine_local_world_size``): the installed torch's PrivateUse1
+    backend's name, counting the devices that backend sees (:func:`privateuse1_count`).
     """
     if device.spmd:
         if request.count not in (None, 1) or request.word not in (None, "auto"):
@@ -359,6 +385,15 @@ def count_workers(request: NprocRequest, device: DevicePlan, environ: Mapping[st
     # Never 0: a host without the device was refused (or a host with it assumed) by plan_device.
     if request.word == "auto" and device.local_units:
         return device.local_units
+    if request.word in DEVICE_WORDS:
+        if device.device != request.word or not device.local_units:
+            raise PlanError(
+                f"found no {DRY_RUN_HOSTS[request.word].lacking} on this host (the device is {device.device}): "
+                "give a number, cpu or auto"
+            )
+        return device.local_units
+    if request.word not in TORCHRUN_WORDS:
+        return privateuse1_count(str(request.word), environ)
     if request.word == "xpu":
         xpus = torch_xpu_count(environ)
         if not xpus:
@@ -467,6 +502,42 @@ def stand_in_node_address(config: LaunchConfig) -> str:
     """What a plan takes each node's address for before a rendezvous learns them: this node's
     ``--local-addr``, else the address of the job's store."""
     return config.local_addr or config.store_address()[0]
+
+
+PRIVATEUSE1_PROBE = (
+    "import torch; name = torch._C._get_privateuse1_backend_name(); module = getattr(torch, name, None); "
+    "print(name, module.device_count() if module is not None and hasattr(module, 'device_count') else 0)"
+)
+
+
+def privateuse1_count(word: str, environ: Mapping[str, str]) -> int:
+    """The devices of the installed torch's PrivateUse1 backend named ``word`` (torchrun's
+    ``_get_privateuse1_backend_name()`` case, counted with ``torch.<name>.device_count()``).
+
+    A backend takes the name when torch loads it: the packages of the ``torch.backends`` entry point
+    group, which ``import torch`` loads. Without one the name is torch's own ``privateuseone`` and the
+    word is refused at once; with one, torch is asked in a child process, only for such a word, as for
+    ``xpu`` (the launcher itself never imports torch on one node).
+    """
+    if not device_backend_packages():
+        raise PlanError(f"is invalid (no installed package gives torch a device backend): {NPROC_ALLOWED}")
+    probe = subprocess.run(
+        [sys.executable, "-c", PRIVATEUSE1_PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(environ),
+        stdin=subprocess.DEVNULL,
+    )
+    words = probe.stdout.split()
+    if probe.returncode != 0 or len(words) < 2 or not words[-1].isdigit():
+        raise PlanError(f"is invalid (torch could not be asked for its device backend): {NPROC_ALLOWED}")
+    name, count = words[-2], int(words[-1])
+    if name != word:
+        raise PlanError(f"is invalid (not this torch's device backend, {name}): {NPROC_ALLOWED}")
+    if not count:
+        raise PlanError(f"found no {name} device on this host (torch.{name} sees none): give a number, cpu or auto")
+    return count
 
 
 def check_device_plan(device: DevicePlan, probe: NodeAssignment) -> list[str]:

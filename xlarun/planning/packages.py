@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
+from importlib.metadata import entry_points
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes import NATIVE_RUNTIMES
@@ -44,6 +45,13 @@ FIRST_WITHOUT_CUDA = (2, 9)
 LIBTPU_DISTRIBUTIONS = ("libtpu", "libtpu-nightly")
 """The packages that carry libtpu (``torch_xla[tpu]`` installs ``libtpu``); a ``+libtpu`` build of
 torch_xla bundles its own."""
+
+
+def device_backend_packages() -> list[str]:
+    """The installed packages that give torch a device backend when it is imported: their ``torch.backends``
+    entry points (torch_tpu's ``torch_tpu._loader:load``), which torch's autoload loads. Read from the
+    packages' metadata, without importing torch."""
+    return [entry.name for entry in entry_points(group="torch.backends")]
 
 
 def supported_releases_text() -> str:

@@ -34,6 +34,7 @@ from xlarun.planning.device import (
 from xlarun.planning.environment import check_virtual_local_rank, omp_threads_default
 from xlarun.planning.packages import followed_torchrun
 from xlarun.planning.rules import OptionValues, build_config, require_script
+from xlarun.runtimes import CompileCache
 
 
 @dataclass(frozen=True)
@@ -76,6 +77,9 @@ def plan_launch(
         spmd=values["spmd"],
         virtual_devices=values["virtual_devices"],
         coordinator_port=values["coordinator_port"],
+        compile_cache=(
+            CompileCache(values["compile_cache"], values["compile_cache_writers"]) if values["compile_cache"] else None
+        ),
     )
     device = plan_device(
         request,

@@ -11,6 +11,10 @@ devices' own backends without torch_xla, :mod:`~xlarun.runtimes.torchtpu` (Torch
 Where torch_xla releases differ, the modules read :attr:`XlaOptions.release` against the
 facts in :mod:`~xlarun.runtimes.releases`.
 
+The compile cache (``--compile-cache DIR``, :class:`CompileCache`): each runtime names the variables its
+compiler's cache reads, in a folder of DIR of its own (:data:`_CACHE_ENV`); torch_xla alone needs one
+writer per directory, which :meth:`CompileCache.writes` picks.
+
 Size: what :func:`xla_env` returns has the same variables with the same fixed text
 at any world size; only the digits of numbers (ranks, sizes, ports, bounds) vary.
 No value lists one entry per worker, so a worker's environment grows only with the
@@ -64,6 +68,53 @@ def runtime_module(name: str) -> ModuleType:
     return importlib.import_module(f"{__name__}.{name}")
 
 
+_CACHED_RUNTIMES = ("pjrt", "torchtpu", "torchneuron")
+"""The runtimes whose module gives its compile cache's variables (``cache_env``); XRT's releases (torch_xla 2.0
+and older) have no persistent cache."""
+_CACHED_DEVICES = ("neuron",)
+"""The devices whose compiler keeps a cache of its own under torch_xla's (Neuron's NEFF), in their module."""
+
+CACHE_WRITERS = ("job", "node")
+"""Who writes a torch_xla cache: global rank 0 alone (``job``, for a directory every node may share), or
+each node's local rank 0 (``node``, for a directory on each node's own disk)."""
+
+
+@dataclass(frozen=True)
+class CompileCache:
+    """``--compile-cache``: the directory (absolute) that every runtime's compile cache goes under, and who
+    writes torch_xla's (:data:`CACHE_WRITERS`)."""
+
+    root: str
+    writers: str = "job"
+
+    def writes(self, node: NodeAssignment, local_rank: int) -> bool:
+        """Whether this worker is its cache directory's one writer.
+
+        The launcher cannot see whether the nodes' DIR is one file system, so by default it plans for the
+        case where two writers would race: global rank 0 writes, every other rank only reads (on a disk
+        of each node's own, the other nodes then never fill theirs). ``node`` says the directory is each
+        node's own, so each node's local rank 0 writes it.
+        """
+        if self.writers == "node":
+            return local_rank == 0
+        return node.global_rank(local_rank) == 0
+
+
+def compile_cache_env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
+    """The variables of the compile cache for one worker: its runtime's, and its device's under torch_xla."""
+    cache = options.compile_cache
+    if cache is None:
+        return {}
+    writer = cache.writes(node, local_rank)
+    modules = [options.runtime] if options.runtime in _CACHED_RUNTIMES else []
+    if options.runtime == "pjrt" and options.device in _CACHED_DEVICES:
+        modules.append(options.device)
+    variables: dict[str, str] = {}
+    for name in modules:
+        variables.update(runtime_module(name).cache_env(cache.root, writer))
+    return variables
+
+
 def coordinator_port(master_port: int, override: int | None = None) -> int:
     """The port of the job's XLA coordinator (Neuron root, XLA:GPU coordinator, XRT mesh).
 
@@ -100,6 +151,8 @@ class XlaOptions:
     Neuron under SPMD across nodes needs it. ``tpu_slice`` is what TorchTPU needs to know of the
     slice beyond its shape (:class:`~xlarun.runtimes.torchtpu.TpuSlice`). ``megascale`` holds the
     settings that join several TPU slices into one job (:mod:`~xlarun.runtimes.megascale`), None for one.
+    ``compile_cache`` is where the compilers keep what they compiled (:class:`CompileCache`), None for
+    the runtimes' own defaults.
     """
 
     device: str
@@ -112,6 +165,7 @@ class XlaOptions:
     local_units: int | None = None
     tpu_slice: TpuSlice | None = None
     megascale: MegaScale | None = None
+    compile_cache: CompileCache | None = None
 
     def __post_init__(self) -> None:
         if self.virtual_devices is not None and self.device != "cpu":
@@ -159,6 +213,7 @@ def xla_env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[
     if options.megascale is not None:
         # libtpu joins the slices, under torch_xla and TorchTPU alike.
         variables.update(options.megascale.variables(node.master_addr))
+    variables.update(compile_cache_env(options, node, local_rank))
     return variables
 
 

@@ -28,10 +28,18 @@ torch_xla deprecates the variable elsewhere. Across several nodes the Neuron run
 each node's process index (the node rank) and ``NEURON_PJRT_PROCESSES_NUM_DEVICES``, the
 NeuronCores of every process: one entry per node (``32,32`` for two trn1.32xlarge). It is the
 one value xlarun sets that grows with the number of hosts, about 3 bytes a node.
+
+The compile cache (``--compile-cache``, :func:`cache_env`): the Neuron compiler keeps the NEFF it makes
+of each graph in ``NEURON_COMPILE_CACHE_URL`` (a directory or ``s3://``; by default
+``/var/tmp/neuron-compile-cache``), one folder per module. Every rank gets the same directory, as
+Neuron's own documented step before a run, ``neuron_parallel_compile torchrun ...``, has every rank of
+the job compile into one cache; torch_xla's own persistent cache comes on top
+(:func:`xlarun.runtimes.pjrt.cache_env`).
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
@@ -43,6 +51,8 @@ if TYPE_CHECKING:
     from xlarun.runtimes import XlaOptions
 
 PROCESSES_NUM_DEVICES = "NEURON_PJRT_PROCESSES_NUM_DEVICES"
+CACHE_URL = "NEURON_COMPILE_CACHE_URL"
+CACHE_SUBDIRECTORY = "neuron"
 
 
 LOCAL_RANK_READER = (
@@ -96,3 +106,8 @@ def visible_core_count(cores: str) -> int | None:
             return None
         count += int(last) - int(first) + 1 if dash else 1
     return count if count > 0 else None
+
+
+def cache_env(root: str, writer: bool) -> dict[str, str]:
+    """The Neuron compiler's cache in ``root``'s :data:`CACHE_SUBDIRECTORY`, the same for every rank."""
+    return {CACHE_URL: os.path.join(root, CACHE_SUBDIRECTORY)}

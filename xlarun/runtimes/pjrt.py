@@ -13,10 +13,20 @@ They are left out on CPU: PJRT's CPU client makes every process a world of its o
 SPMD. torch_xla 2.1 and later deprecate ``XLA_USE_SPMD`` in favour of ``torch_xla.runtime.use_spmd()`` in
 the program, so xlarun sets that variable only where a release's own set-up reads it before
 the program can run (Neuron, see :mod:`~xlarun.runtimes.neuron`).
+
+The persistent compile cache (``--compile-cache``, :func:`cache_env`): torch_xla's
+``torch_xla.runtime.initialize_cache(path, readonly)`` only sets ``XLA_PERSISTENT_CACHE_PATH`` and
+``XLA_PERSISTENT_CACHE_READ_ONLY`` (``1``/``0``), read before the first computation, so the launcher
+sets them instead, on every PJRT device (CPU included: one file per compiled graph appears in the
+directory). Writers sharing a directory race (pytorch/xla#7196); the documented pattern for several
+processes is one writer and every other process read-only (pytorch/xla#5804). torch_xla 2.9's CPU client
+finds an entry but cannot load it: its ``PersistentCacheDeserializeFailure`` counter rises and it compiles
+again; a TPU loads it.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 from xlarun.contract import SPMD_MARKER
@@ -25,6 +35,11 @@ from xlarun.host.devices import pjrt_device_name
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions
+
+CACHE_PATH = "XLA_PERSISTENT_CACHE_PATH"
+CACHE_READ_ONLY = "XLA_PERSISTENT_CACHE_READ_ONLY"
+CACHE_SUBDIRECTORY = "torch_xla"
+"""The folder of ``--compile-cache DIR`` that torch_xla's entries go to."""
 
 PLUGIN_LOCAL_RANK_READER = "the PJRT plugin takes the device at PJRT_LOCAL_PROCESS_RANK among those it sees"
 """Why ``--virtual-local-rank`` does not fit a device of a PJRT plugin with no set-up of its own (XPU):
@@ -40,3 +55,9 @@ def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str,
     if options.spmd:
         variables[SPMD_MARKER] = "1"
     return variables
+
+
+def cache_env(root: str, writer: bool) -> dict[str, str]:
+    """torch_xla's persistent cache in ``root``'s :data:`CACHE_SUBDIRECTORY`: read and written by the one
+    ``writer`` of that directory, only read by every other process."""
+    return {CACHE_PATH: os.path.join(root, CACHE_SUBDIRECTORY), CACHE_READ_ONLY: "0" if writer else "1"}

@@ -22,17 +22,31 @@ torchrun, gives it, so TorchNeuron must derive its cores and root communicator f
 contradict a program that takes device ``neuron:<LOCAL_RANK>`` among all the host's cores. None of
 torch_xla's PJRT or ``NEURON_PJRT_*`` variables is set. EFA's ``FI_*`` variables pass from the
 launcher's environment, as under torchrun.
+
+The compile cache (``--compile-cache``, :func:`cache_env`): TorchNeuron keeps the NEFF of each graph it
+compiles in its persistent NEFF cache, ``TORCH_NEURONX_NEFF_CACHE_DIR`` (AWS's "TorchNeuron environment
+variables" and "What are Neuron Compiler artifacts?" pages), which lets later runs skip compiling. Every
+rank gets the same directory.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions
 
+NEFF_CACHE_DIR = "TORCH_NEURONX_NEFF_CACHE_DIR"
+CACHE_SUBDIRECTORY = "torchneuron"
+
 
 def env(options: XlaOptions, node: NodeAssignment, local_rank: int) -> dict[str, str]:
     """Nothing beyond torchrun's contract (see the module docstring for why)."""
     return {}
+
+
+def cache_env(root: str, writer: bool) -> dict[str, str]:
+    """TorchNeuron's NEFF cache in ``root``'s :data:`CACHE_SUBDIRECTORY`, the same for every rank."""
+    return {NEFF_CACHE_DIR: os.path.join(root, CACHE_SUBDIRECTORY)}

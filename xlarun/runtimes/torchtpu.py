@@ -45,12 +45,24 @@ machine; nothing here ran on a TPU):
   slice's ``TPU_WORKER_HOSTNAMES``; a worker takes entry ``RANK % len``, its own place in its slice
   since node ranks count slice by slice. The profiling session is the job's, one for every slice.
 
+The compile cache (``--compile-cache``, :func:`cache_env`), read from torch_tpu 0.2.0's libraries
+(``csrc/common/tier2_compilation_cache.cc``'s strings; nothing ran on a TPU): tier 2 is a cache on the
+host, under ``/dev/shm/torch_tpu_cache``, named by ``TORCH_TPU_TIER2_COMPILATION_CACHE``, shared by the
+host's processes through a lock file per entry, and disabled at world size 1; tier 3 is a directory (or
+``gs://``) under ``TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT``, with a path of its own per process
+("Tier-3 compilation cache path for this process"). Both are read once, at first use. xlarun names tier
+2 after the cache's directory (:func:`tier2_name`), so runs with one ``--compile-cache`` share it while
+the host's memory keeps it, and roots tier 3 in the directory: every rank gets both, as torch_tpu
+itself keeps its processes apart.
+
 The address list is the one value that grows with the job, about 18 bytes a device: past Linux's
 limit for one variable at about 7,280 devices (:mod:`~xlarun.runtimes.limits`), where it is refused.
 """
 
 from __future__ import annotations
 
+import hashlib
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -70,6 +82,9 @@ TOPOLOGY = "TORCH_TPU_TOPOLOGY"
 SESSION_ID = "TORCH_TPU_XPROF_SESSION_ID"
 DEVICES_PER_HOST = "TORCH_TPU_DEVICES_PER_HOST"
 BASE_PORT_VARIABLE = "TORCH_TPU_BASE_PORT"
+TIER2_CACHE = "TORCH_TPU_TIER2_COMPILATION_CACHE"
+TIER3_CACHE_ROOT = "TORCH_TPU_TIER3_COMPILATION_CACHE_ROOT"
+CACHE_SUBDIRECTORY = "torchtpu"
 
 DEFAULT_BASE_PORT = 8070
 """torch_tpu's first port on every host of a multi-host job, unless ``TORCH_TPU_BASE_PORT`` says another."""
@@ -257,3 +272,14 @@ def slice_addresses(node: NodeAssignment, facts: TpuSlice, first: int = 0, hosts
     return ",".join(
         f"{host}:{facts.base_port + index}" for host in slice_hosts for index in range(node.local_world_size)
     )
+
+
+def tier2_name(root: str) -> str:
+    """Tier 2's name for the cache in ``root``: the same for every run given that directory, another for
+    another directory, and a plain file name (torch_tpu places it under ``/dev/shm``)."""
+    return "xlarun-" + hashlib.sha256(os.path.abspath(root).encode()).hexdigest()[:16]
+
+
+def cache_env(root: str, writer: bool) -> dict[str, str]:
+    """TorchTPU's tier 2 name and tier 3 root (``root``'s :data:`CACHE_SUBDIRECTORY`), the same for every rank."""
+    return {TIER2_CACHE: tier2_name(root), TIER3_CACHE_ROOT: os.path.join(root, CACHE_SUBDIRECTORY)}

@@ -59,8 +59,12 @@ class Agent:
         environ: Mapping[str, str],
         variables_for: WorkerVariables,
         events: EventBus = NO_EVENTS,
+        end_facts: Callable[[], Mapping[str, Any]] | None = None,
     ):
         self.config = config
+        self.end_facts = end_facts
+        """What the launch adds to its last event and the summary once the run ended (a compile cache's
+        entries after the run)."""
         self.events = events
         """Where the run's events go; the agent closes it at the run's end, before the summary counts its drops."""
         self._attempt = 0
@@ -132,6 +136,7 @@ class Agent:
             if self._notices.stopping_notice is not None:
                 end = end.preempted()
         events_dropped = None
+        facts = self.end_facts() if self.end_facts is not None else {}
         if self.events.active:
             root_cause = None if end.root_cause is None else root_cause_record(end.root_cause)
             self.events.emit(
@@ -140,12 +145,13 @@ class Agent:
                 **{"process.exit.code": end.exit_code},
                 result=end.result,
                 root_cause=root_cause,
+                **facts,
             )
             self.events.close(EVENTS_FLUSH_S)
             events_dropped = self.events.dropped
         if self.config.summary_file:
             (self._summary or RunSummary(run_id=self.config.rdzv_id)).write(
-                self.config.summary_file, end, events_dropped
+                self.config.summary_file, end, events_dropped, facts
             )
         return end
 

@@ -35,7 +35,7 @@ SCHEMA_VERSION = 1
 """The event record's version: raised when a field changes meaning or goes away (adding one does not)."""
 
 EVENT_NAMES = (
-    "launch.started",  # nnodes, nproc_per_node, device, runtime
+    "launch.started",  # nnodes, nproc_per_node, device, runtime, compile_cache
     "preflight.refused",  # reason
     "rendezvous.started",  # round
     "rendezvous.completed",  # round, members, duration_s
@@ -48,7 +48,7 @@ EVENT_NAMES = (
     "hang.stacks",  # stacks_files: {rank: path}
     "oom.killed",  # rank, peak_rss_mib
     "preemption",  # notice, value, stops, signal
-    "launch.finished",  # process.exit.code, result, root_cause
+    "launch.finished",  # process.exit.code, result, root_cause, compile_cache
 )
 
 QUEUE_SIZE = 1024

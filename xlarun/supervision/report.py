@@ -209,10 +209,13 @@ class RunSummary:
             }
         )
 
-    def record(self, end: RunEnd, events_dropped: int | None = None) -> dict[str, Any]:
+    def record(
+        self, end: RunEnd, events_dropped: int | None = None, facts: Mapping[str, Any] | None = None
+    ) -> dict[str, Any]:
         """The file's JSON object: the run, how it ended (with the failures the report lists after the root
         cause: a job on several hosts gathers every node's), its attempts; with an event sink
-        (``--event-log``), ``events_dropped``: the events a sink never took."""
+        (``--event-log``), ``events_dropped``: the events a sink never took; and ``facts``, what the
+        launch adds at its end (``compile_cache``: the directory, its entries before and after the run)."""
         return {
             "run_id": self.run_id,
             "exit_code": end.exit_code,
@@ -224,9 +227,12 @@ class RunSummary:
             "other_failures": [root_cause_record(failure) for failure in end.other_failures],
             "attempts": self.attempts,
             **({} if events_dropped is None else {"events_dropped": events_dropped}),
+            **(facts or {}),
         }
 
-    def write(self, path: str, end: RunEnd, events_dropped: int | None = None) -> None:
+    def write(
+        self, path: str, end: RunEnd, events_dropped: int | None = None, facts: Mapping[str, Any] | None = None
+    ) -> None:
         """Write the record of the run that ended so whole (a reader sees the old file or the new one); a path
         that cannot take it costs one line, not the run's exit code.
 
@@ -242,7 +248,7 @@ class RunSummary:
             descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
             try:
                 with os.fdopen(descriptor, "w") as handle:
-                    json.dump(self.record(end, events_dropped), handle, indent=2)
+                    json.dump(self.record(end, events_dropped, facts), handle, indent=2)
                     handle.write("\n")
                 os.replace(temporary, path)
             except BaseException:
