@@ -19,7 +19,6 @@ from xlarun.config import LaunchConfig, Topology
 from xlarun.console import console, say
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
-from xlarun.host.cachedir import count_entries, prepare_cache_directory
 from xlarun.host.holders import busy_device_holders, busy_device_refusal, describe_holder
 from xlarun.host.ports import free_port, is_local_address, taken_here
 from xlarun.host.programs import program_problem
@@ -77,6 +76,8 @@ def check_before_start(prepared: LaunchPlan, environ: Mapping[str, str]) -> None
     nothing is contacted, and torch is not imported (the rendezvous of several nodes checks its own when the run
     starts)."""
     if prepared.device.compile_cache is not None:
+        from xlarun.host.cachedir import prepare_cache_directory
+
         prepare_cache_directory(prepared.device.compile_cache.root)
     if not prepared.config.allow_busy_device:
         refuse_busy_device(prepared.device.device, environ)
@@ -90,7 +91,11 @@ def run_launch(prepared: LaunchPlan, environ: Mapping[str, str]) -> RunEnd:
     :func:`xlarun.launch`'s. Refusals before anything starts are raised (:class:`UsageError`,
     :class:`LaunchError`); ``environ`` is what the workers get, under xlarun's own variables."""
     cache = prepared.device.compile_cache
-    entries_before = count_entries(cache.root) if cache is not None else 0
+    entries_before = 0
+    if cache is not None:  # the cache directory's module loads only for a run that keeps one
+        from xlarun.host.cachedir import count_entries, prepare_cache_directory
+
+        entries_before = count_entries(cache.root)
     events = open_events(prepared, environ, entries_before)
     try:
         if cache is not None:
