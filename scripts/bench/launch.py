@@ -58,6 +58,7 @@ from .common import (
     peak_rss_kib,
     progress,
     session_of,
+    unexpected_end,
 )
 
 CRASH_PEERS = 4
@@ -326,7 +327,11 @@ def time_crash_to_exit(runner: Runner, launcher: str, watch_hangs: bool = False)
     _, status, _ = os.wait4(pid, 0)
     exited_at = time.time()
     check_exit(launcher, status, False, run_dir / "stderr")
-    return exited_at - float((marks / "crash_time").read_text())
+    crash_time = marks / "crash_time"
+    if not crash_time.exists():
+        # The launcher ended for another reason than the crash this measure times.
+        raise unexpected_end(launcher, status, "before its rank 0 crashed", run_dir / "stderr")
+    return exited_at - float(crash_time.read_text())
 
 
 # --- tee throughput ----------------------------------------------------------------------------
