@@ -20,7 +20,9 @@ log directory. Measures:
   simultaneous peak. ``ru_maxrss`` from ``wait4`` (the largest single process, workers
   included) is a cross-check;
 * crash to exit: one worker writes ``time.time()`` just before ``os._exit(1)`` while four
-  peers sleep; the latency runs to the moment ``wait4`` returns the launcher here;
+  peers sleep; the latency runs to the moment ``wait4`` returns the launcher here. A launcher
+  that ends without that crash (it failed, or was killed) ends the run with how it ended and
+  its stderr;
 * tee throughput: two workers write 100-byte lines to stdout under ``--tee 3``; this script
   drains the launcher's stdout from a pipe and divides the payload by the time from the
   first worker starting to write to the end of the launcher's output. It also counts the
