@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import platform
+import signal
 import sys
 from pathlib import Path
 
@@ -63,9 +64,16 @@ def check_exit(launcher: str, status: int, expected_ok: bool, stderr_path: Path)
     code = os.waitstatus_to_exitcode(status)
     if (code == 0) == expected_ok:
         return
+    raise unexpected_end(launcher, status, f"expected {'0' if expected_ok else 'non-zero'}", stderr_path)
+
+
+def unexpected_end(launcher: str, status: int, expectation: str, stderr_path: Path) -> BenchError:
+    """The error of a run that did not end as its measure needs: how it ended (an exit code, or the
+    signal that killed it), what was expected, and the end of its stderr."""
+    code = os.waitstatus_to_exitcode(status)
+    ended = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited {code}"
     tail = stderr_path.read_text(errors="replace").splitlines()[-15:]
-    wanted = "0" if expected_ok else "non-zero"
-    raise BenchError(f"{launcher} exited {code}, expected {wanted}; its stderr ends with:\n" + "\n".join(tail))
+    return BenchError(f"{launcher} {ended}, {expectation}; its stderr ends with:\n" + "\n".join(tail))
 
 
 # --- /proc -------------------------------------------------------------------------------------

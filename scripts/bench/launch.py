@@ -23,7 +23,9 @@ log directory. Measures:
   simultaneous peak. ``ru_maxrss`` from ``wait4`` (the largest single process, workers
   included) is a cross-check;
 * crash to exit: one worker writes ``time.time()`` just before ``os._exit(1)`` while four
-  peers sleep; the latency runs to the moment ``wait4`` returns the launcher here;
+  peers sleep; the latency runs to the moment ``wait4`` returns the launcher here. A launcher
+  that ends without that crash (it failed, or was killed) ends the run with how it ended and
+  its stderr;
 * tee throughput: two workers write 100-byte lines to stdout under ``--tee 3``; this script
   drains the launcher's stdout from a pipe and divides the payload by the time from the
   first worker starting to write to the end of the launcher's output. It also counts the
@@ -61,6 +63,7 @@ from .common import (
     peak_rss_kib,
     progress,
     session_of,
+    unexpected_end,
 )
 
 CRASH_PEERS = 4
@@ -335,7 +338,11 @@ def time_crash_to_exit(runner: Runner, launcher: str, watch_hangs: bool = False)
     _, status, _ = os.wait4(pid, 0)
     exited_at = time.time()
     check_exit(launcher, status, False, run_dir / "stderr")
-    return exited_at - float((marks / "crash_time").read_text())
+    crash_time = marks / "crash_time"
+    if not crash_time.exists():
+        # The launcher ended for another reason than the crash this measure times.
+        raise unexpected_end(launcher, status, "before its rank 0 crashed", run_dir / "stderr")
+    return exited_at - float(crash_time.read_text())
 
 
 # --- tee throughput ----------------------------------------------------------------------------

@@ -12,9 +12,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from helpers import REPO
 
-from scripts.bench.launch import damaged_lines, tee_line
+from scripts.bench.common import BenchError
+from scripts.bench.launch import Runner, damaged_lines, tee_line, time_crash_to_exit
 
 # The package runs from the repository root, where ``scripts`` is a namespace package.
 BENCH = [sys.executable, "-m", "scripts.bench", "launch"]
@@ -100,3 +102,21 @@ def test_bad_repeat_is_a_usage_error():
     )
     assert finished.returncode == 2
     assert "--repeat must be at least 1" in finished.stderr
+
+
+@pytest.mark.parametrize(
+    "ending, reported",
+    [("exit 1", "torchrun exited 1, before its rank 0 crashed"), ("kill -KILL $$", "torchrun was killed by SIGKILL")],
+)
+def test_a_launcher_that_ends_before_the_crash_is_no_crash_to_time(tmp_path: Path, ending: str, reported: str) -> None:
+    """The crash measure times its rank 0's crash: a launcher that failed or was killed before it is reported
+    as such, with its stderr, rather than timed."""
+    bin_dir, scratch = tmp_path / "bin", tmp_path / "scratch"
+    bin_dir.mkdir()
+    scratch.mkdir()
+    stand_in = bin_dir / "torchrun"
+    stand_in.write_text(f"#!/bin/sh\necho 'the rendezvous failed' >&2\n{ending}\n")
+    stand_in.chmod(0o755)
+    with pytest.raises(BenchError) as refused:
+        time_crash_to_exit(Runner(bin_dir, scratch), "torchrun")
+    assert str(refused.value).startswith(reported) and str(refused.value).endswith("the rendezvous failed")

@@ -15,13 +15,14 @@ import os
 import signal
 import socket
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
 import torch.distributed as dist
-from helpers import Run, finish, run_xlarun, start_xlarun, wait_for, worker
+from helpers import Run, files_exist, finish, run_xlarun, start_xlarun, wait_for, worker
 from multinode import HOST, Nodes, both, c10d, kill_machine, lines, listeners, static
 
 RUN_ID = "job-in-place"
@@ -49,6 +50,12 @@ def first_launch_fails(out_dir: Path, outcome: str) -> None:
     """Whether the workers' first launch fails: ``fails_first_launch.py`` succeeds once its marker is there."""
     if outcome == "succeeds":
         (out_dir / "failed").touch()
+
+
+def first_launch_running(out_dir: Path, ranks: int) -> Callable[[], bool]:
+    """Whether every rank of a first launch whose workers all stay (``fails_first_launch.py`` with rank -1)
+    got past its marker check: touching the marker any earlier could make the next launch's part theirs."""
+    return files_exist(*(out_dir / f"{rank}.waiting" for rank in range(ranks)))
 
 
 def records(out_dir: Path, ranks: int) -> list[dict[str, Any]]:
@@ -101,7 +108,7 @@ def test_one_node_restarted_in_place_runs_again(tmp_path: Path, out_dir: Path, p
     if outcome == "killed":
         # The kubelet's SIGKILL after the grace period; the orphan guard is left to reap the workers.
         launcher = start_xlarun(*command)
-        wait_for(lambda: len(psutil.Process(launcher.pid).children()) >= 3, "the guard and both workers")
+        wait_for(first_launch_running(out_dir, 2), "both workers of the first launch to run")
         os.kill(launcher.pid, signal.SIGKILL)
         finish(launcher)
         (out_dir / "failed").touch()
@@ -160,6 +167,12 @@ def test_two_nodes_restarted_in_place_run_again(
         )
 
 
+PATIENT_HEARTBEAT = "heartbeat_timeout=600"
+"""Node 0's first launch declares the killed node 1 lost once its heartbeat is this long silent, and then ends,
+and its store with it: node 1's second launch, which starts Python and imports torch before it connects, must
+reach that store first. 5 s by default: too short for a loaded machine, and the test ends that launch itself."""
+
+
 def connected_to(pid: int, port: int) -> bool:
     return any(
         connection.raddr and connection.raddr.port == port and connection.status == psutil.CONN_ESTABLISHED
@@ -176,15 +189,18 @@ def test_a_node_restarted_before_the_store_host_joins_the_stores_next_launch(
 
     def start(node: int) -> subprocess.Popen:
         return nodes.start(
-            *static(port, node, 2, 1), "--rdzv_id", RUN_ID, worker("fails_first_launch.py"), out_dir, "-1"
+            *static(port, node, 2, 1),
+            "--rdzv_id",
+            RUN_ID,
+            "--rdzv_conf",
+            PATIENT_HEARTBEAT,
+            worker("fails_first_launch.py"),
+            out_dir,
+            "-1",
         )
 
     old = [start(0), start(1)]
-    for launcher in old:
-        wait_for(
-            lambda: len(psutil.Process(launcher.pid).children()) >= 2,  # noqa: B023
-            "the guard and the worker of each node",
-        )
+    wait_for(first_launch_running(out_dir, 2), "the worker of each node's first launch to run")
     (out_dir / "failed").touch()  # the next launch's workers succeed
     os.kill(old[1].pid, signal.SIGKILL)
     finish(old[1])

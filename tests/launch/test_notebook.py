@@ -131,7 +131,7 @@ def test_a_kernel_restart_leaves_no_worker(kernel: Kernel, tmp_path: Path) -> No
     ready.mkdir()
     start_sleepers(kernel, ready)
     kernel.restart()
-    wait_for(lambda: not kernel.workers(), "every worker gone after the kernel's restart", timeout=10)
+    wait_for(lambda: not kernel.workers(), "every worker gone after the kernel's restart")
 
     assert kernel.run(f"{IMPORTS}\n{RANK}").error is None
     assert kernel.value(LAUNCH_RANK) == "[0, 1, 2, 3]"

@@ -106,7 +106,7 @@ def test_a_stop_signal_is_handled_at_once_while_stacks_are_taken(port: int, tmp_
         handled_after = time.monotonic() - sent
         assert result.returncode == 128 + signal.SIGTERM, result.stderr
         assert handled_after < 3, result.stderr
-        wait_for(lambda: not any(is_alive(pid) for pid in spies()), "py-spy and its child to be gone", timeout=2)
+        wait_for(lambda: not any(is_alive(pid) for pid in spies()), "py-spy and its child to be gone")
     finally:
         launcher.kill()
         kill_all(spies())

@@ -3,9 +3,10 @@
 Usage: ``fails_first_launch.py OUT_DIR FAILING_RANK``
 
 The same command twice, as a container restarted in place runs it: where ``OUT_DIR/failed`` is absent,
-FAILING_RANK creates it and exits 3 once the all-reduce is done, and every other rank sleeps until
-stopped; where it is there, every rank writes ``OUT_DIR/<RANK>.json`` (rank, pid, world size, sum, run id,
-store port) and exits 0.
+FAILING_RANK creates it and exits 3 once the all-reduce is done, and every other rank creates
+``OUT_DIR/<RANK>.waiting`` and sleeps until stopped (a test that makes the next launch succeed waits for it:
+a rank that had not read the marker yet would take the next launch's part); where it is there, every rank
+writes ``OUT_DIR/<RANK>.json`` (rank, pid, world size, sum, run id, store port) and exits 0.
 """
 
 import json
@@ -32,6 +33,7 @@ if failing_launch:
         # the exit code is in.
         dist.destroy_process_group()
         sys.exit(3)
+    open(os.path.join(out, f"{rank}.waiting"), "w").close()
     while True:
         time.sleep(1)
 record = {
