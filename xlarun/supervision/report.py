@@ -17,9 +17,10 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -256,12 +257,14 @@ class RunSummary:
 def root_cause_record(cause: RootCause) -> dict[str, Any]:
     """The summary's ``root_cause``: a failure's record with its exit status and, for a signal, the
     signal's name; or a hang's ``reason``, ``message``, ``exit_status``, ``positions`` and ``stacks_files``;
-    or a lost node's ``reason`` (``node_lost``), ``node_rank``, ``host``, ``message`` and ``exit_status``."""
+    or a lost node's ``reason`` (``node_lost``), ``node_rank``, ``host``, ``silent_for``, ``message`` and
+    ``exit_status``. :func:`read_root_cause` reads it back."""
     if isinstance(cause, LostNode):
         return {
             "reason": "node_lost",
             "node_rank": cause.node_rank,
             "host": cause.host,
+            "silent_for": cause.silent_for,
             "message": cause.message,
             "exit_status": cause.exit_status,
         }
@@ -274,3 +277,39 @@ def root_cause_record(cause: RootCause) -> dict[str, Any]:
             "stacks_files": {str(rank): path for rank, path in cause.stacks_files.items()},
         }
     return {**asdict(cause), "exit_status": cause.exit_status, **({"signal": cause.signal} if cause.signal else {})}
+
+
+def read_root_cause(record: Mapping[str, Any]) -> RootCause:
+    """The root cause :func:`root_cause_record` wrote (another node's, in its summary), as the value it was
+    made from; a hang's comes back with its message only (where each rank stood stays in the record).
+    Raises ``ValueError`` for a record xlarun did not write."""
+    try:
+        if record["reason"] == "node_lost":
+            return LostNode(int(record["node_rank"]), str(record["host"]), float(record["silent_for"]))
+        if record["reason"] == "hung":
+            return HangCause(str(record["message"]), nodes=())
+        return FailureRecord(**{item.name: record[item.name] for item in fields(FailureRecord)})
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"not a root cause xlarun recorded ({error!r})") from None
+
+
+def read_run_end(record: Mapping[str, Any]) -> RunEnd:
+    """The end that :meth:`RunSummary.record` wrote (another node's summary), as the value it was made from.
+    Raises ``ValueError`` for a record xlarun did not write."""
+    try:
+        cause = record["root_cause"]
+        launcher_signal = record["launcher_signal"]
+        return RunEnd(
+            result=record["result"],
+            exit_code=int(record["exit_code"]),
+            root_cause=None if cause is None else read_root_cause(cause),
+            launcher_signal=None if launcher_signal is None else signal.Signals[launcher_signal].value,
+            error=record["error"],
+            other_failures=tuple(
+                failure
+                for failure in map(read_root_cause, record["other_failures"])
+                if isinstance(failure, FailureRecord)
+            ),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"not a summary xlarun recorded ({error!r})") from None
