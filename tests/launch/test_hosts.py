@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import secrets
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -211,18 +212,29 @@ def test_a_frozen_agent_is_named_within_the_host_timeout(
     job.assert_gone_within(STOP_DEADLINE_S, "host 2's agent SIGSTOPped")
 
 
+def outliving(pids: list[int]) -> str:
+    """Those of ``pids`` (the hung interpreters of a launcher that exited) still alive :data:`STOP_DEADLINE_S`
+    later, described, and killed; empty where none is."""
+    deadline = time.monotonic() + STOP_DEADLINE_S
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = alive(pids)
+    described = describe(survivors)
+    kill_all(survivors)
+    return described
+
+
 def test_a_host_that_never_gets_ready_is_given_up_at_its_deadline(
     start: Callable[..., Job], out_dir: Path, tmp_path: Path
 ) -> None:
     python, pids = hanging_python(tmp_path)
     run = start("--host-timeout", 1, "--remote-python", python, worker("marker.py"), out_dir / "ran").finish()
     hung = [int(pid) for pid in pids.read_text().split()]
-    survivors = alive(hung)
-    kill_all(survivors)
+    survivors = outliving(hung)
     assert run.returncode == 1, run.stderr
     for host in HOSTS:
         one_line(run.stderr, f"xlarun: host {host}: not ready within 4 s")
-    assert len(hung) == 2 and not survivors, describe(survivors)
+    assert len(hung) == 2 and not survivors, survivors
 
 
 @pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
@@ -235,10 +247,9 @@ def test_a_stop_signal_ends_a_launch_whose_hosts_hang_before_ready(
     job.process.send_signal(stop)
     run = job.finish()
     hung = [int(pid) for pid in pids.read_text().split()]
-    survivors = alive(hung)
-    kill_all(survivors)
+    survivors = outliving(hung)
     assert run.returncode == code, run.stderr
-    assert len(hung) == 2 and not survivors, describe(survivors)
+    assert len(hung) == 2 and not survivors, survivors
 
 
 def test_a_killed_launcher_leaves_nothing(start: Callable[..., Job], out_dir: Path) -> None:

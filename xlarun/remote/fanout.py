@@ -10,11 +10,17 @@ line whole, as the host's node wrote it: with ``--tee`` its workers' lines carry
 ``host:rank`` prefix), sends heartbeats, and waits for every host's ``end``. Every node learns the
 job's root cause through the rendezvous and prints the failure report, so the console shows one:
 each node's report is held back (:class:`HeldReport`), and the one of the node that holds the root
-cause (by its summary), else node 0's, is relayed once. A worker failing on
-any host stops every host through the rendezvous; SIGINT or SIGTERM sends ``stop`` to every host
-and exits 128+N once every host reported its workers gone; a second one closes every agent's
-input (each kills its node). A transport that exits without its agent's ``end`` is a lost host:
-one line naming it and the transport's exit status, every other host stopped, exit 1.
+cause (by its summary), else node 0's, is relayed once. Each node's ``end`` is read once, where it
+arrives, into the values a node's run ends with (:class:`NodeEnd`). A worker failing on any host stops
+every host through the rendezvous; a stop signal (``--signals-to-handle``) sends ``stop`` to every host
+and exits 128+N once every host reported its workers gone; a second one closes every agent's input
+(each kills its node); SIGUSR1 and SIGUSR2 go to every node, which passes them to its workers.
+
+Every stage has a deadline. A host not ``ready`` within :data:`READY_TIMEOUTS` host timeouts, or whose
+agent said nothing (its node's output, its heartbeat) for a host timeout once ready, is given up: one
+line naming it and why, its transport's process group killed, every other host stopped, exit 1. A
+transport that exits without its agent's ``end`` is a lost host the same way, its line naming the
+transport's exit status.
 
 The exit code is otherwise the root cause's: the first non-zero node exit code in node-rank order
 (node 0's first: its node holds the job's root cause).
