@@ -1,5 +1,4 @@
-"""The fan-out's pure parts: host plans, the environment that travels, the transport's argv, the line protocol,
-the failure report held back so the console shows it once."""
+"""The fan-out's pure parts: host plans, the environment that travels, the transport's argv, the line protocol."""
 
 from __future__ import annotations
 
@@ -7,12 +6,9 @@ from string import Template
 
 import pytest
 
-from xlarun.failures import FailureRecord
-from xlarun.remote.fanout import HeldReport
 from xlarun.remote.plan import HostPlan, allowed_environment, plan_hosts, read_env_file, redacted
 from xlarun.remote.protocol import AgentReport, go_line, read_order, read_report, signal_line, stop_line
 from xlarun.remote.transport import remote_command, template_problem, transport_argv
-from xlarun.supervision.report import format_report
 
 
 def plans(**overrides: object) -> list[HostPlan]:
@@ -150,18 +146,3 @@ def test_reports_are_told_from_output() -> None:
     assert read_order(b"nonsense\n") == ("stop", {})
     assert read_order(signal_line(10)) == ("signal", {"number": 10})
     assert read_order(b"signal {}\n") == ("stop", {})
-
-
-def test_a_nodes_report_is_held_whole_and_its_other_lines_pass_in_order() -> None:
-    """The report (blank line first; a traceback line of ``=`` is indented, so it closes nothing) comes out
-    whole on :meth:`HeldReport.take`; a blank line not before a report passes with the next line; a report
-    cut short comes out at the stream's end."""
-    failure = FailureRecord(rank=3, local_rank=1, returncode=7, pid=9, time=0.0, host="h2", traceback="====\n\nx")
-    report = (format_report("train.py", [failure]) + "\n").encode()
-    held = HeldReport()
-    relayed = b"".join(held.feed(line) for line in [b"before\n", *report.splitlines(keepends=True), b"\n", b"after\n"])
-    assert relayed == b"before\n\nafter\n"
-    assert held.take() == report
-    assert held.take() is None
-    opening = report.splitlines(keepends=True)[1]
-    assert held.feed(opening) == b"" and held.end() == opening

@@ -26,8 +26,9 @@ pipe would need the node to watch it; and it holds where the agent is killed bet
 its loop. The agent starts no thread, so the thread that forked the node (the one the kernel
 watches) is the agent itself.
 
-When the node ends, the agent sends ``end`` with its exit code and its summary, and exits with
-that code.
+When the node ends, the agent sends ``end`` with its exit code and its summary (the failure report is
+made from it: the node leaves the report to the launcher, :data:`~xlarun.supervision.report.SHOWN_BY_LAUNCHER_VARIABLE`),
+and exits with that code.
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ from xlarun.remote.protocol import (
     AgentReport,
     read_order,
 )
-from xlarun.supervision.report import REPORT_HOST_VARIABLE
+from xlarun.supervision.report import REPORT_HOST_VARIABLE, SHOWN_BY_LAUNCHER_VARIABLE
 from xlarun.supervision.signals import RELAYED_SIGNALS
 
 SUMMARY_NAME = "summary.json"
@@ -293,8 +294,9 @@ def run_node(plan: HostPlan, go: dict[str, Any], watch: Watch, voice: Voice) -> 
         f"--summary-file={summary_path}",
         *plan.node_argv(go["master_addr"], go.get("master_port")),
     ]
-    # The report names the host as the user named it, as the console's prefixes do.
-    env = {**os.environ, **plan.env, REPORT_HOST_VARIABLE: plan.host}
+    # The report names the host as the user named it, as the console's prefixes do; the launcher shows it,
+    # made from the summary that ``end`` carries.
+    env = {**os.environ, **plan.env, REPORT_HOST_VARIABLE: plan.host, SHOWN_BY_LAUNCHER_VARIABLE: "1"}
     prctl = ctypes.CDLL(None, use_errno=True).prctl  # loaded before the fork: the child only calls it
     agent_pid = os.getpid()
     try:

@@ -8,9 +8,9 @@ per failing host, every other one told to stop, exit 1.
 Then the loop relays each host's output line by line, stdout to stdout and stderr to stderr (each
 line whole, as the host's node wrote it: with ``--tee`` its workers' lines carry their
 ``host:rank`` prefix), sends heartbeats, and waits for every host's ``end``. Every node learns the
-job's root cause through the rendezvous and prints the failure report, so the console shows one:
-each node's report is held back (:class:`HeldReport`), and the one of the node that holds the root
-cause (by its summary), else node 0's, is relayed once. Each node's ``end`` is read once, where it
+job's root cause through the rendezvous; no node prints the failure report (its agent tells it not to),
+and the launcher prints it once, made from the ``end`` of the node that holds the root cause, else
+node 0's. Each node's ``end`` is read once, where it
 arrives, into the values a node's run ends with (:class:`NodeEnd`). A worker failing on any host stops
 every host through the rendezvous; a stop signal (``--signals-to-handle``) sends ``stop`` to every host
 and exits 128+N once every host reported its workers gone; a second one closes every agent's input
@@ -41,6 +41,7 @@ from typing import Any
 from xlarun.console import console, say
 from xlarun.failures import FailureRecord
 from xlarun.flags import flag
+from xlarun.remote.checks import host_command
 from xlarun.remote.plan import HostPlan
 from xlarun.remote.protocol import (
     END,
@@ -54,7 +55,7 @@ from xlarun.remote.protocol import (
     stop_line,
 )
 from xlarun.supervision.end import RunEnd
-from xlarun.supervision.report import RULE, read_run_end
+from xlarun.supervision.report import print_failure_report, read_run_end
 from xlarun.supervision.signals import RELAYED_SIGNALS, SignalInbox
 
 STDERR_LINES_KEPT = 5
@@ -67,49 +68,6 @@ dead mount would otherwise hold the launch for good."""
 STOPPED_AFTER_FAILURE_S = 10.0
 """How long the other hosts get to end by themselves (the rendezvous tells them) after one host's node
 failed, before they are told to stop."""
-
-
-class HeldReport:
-    """A node's stderr lines on their way to the console, its failure report held back whole.
-
-    The report is the lines from one of :data:`~xlarun.supervision.report.RULE` alone to the next (its
-    traceback lines are indented, so no worker text closes it early), with the blank lines just before
-    it; blank lines are held until a line that is not a report's follows them.
-    """
-
-    def __init__(self) -> None:
-        self.blank_lines = 0
-        self.arriving: list[bytes] | None = None
-        self.report: bytes | None = None
-        """The last whole report, until it is taken."""
-
-    def feed(self, line: bytes) -> bytes:
-        """What to relay now, ``line`` (one whole line) being the stream's next."""
-        text = line.rstrip(b"\r\n")
-        opens_or_closes = bool(text) and not text.strip(RULE.encode())
-        if self.arriving is not None:
-            self.arriving.append(line)
-            if opens_or_closes:
-                self.report, self.arriving = b"".join(self.arriving), None
-            return b""
-        if opens_or_closes:
-            self.arriving, self.blank_lines = [b"\n" * self.blank_lines, line], 0
-            return b""
-        if not text.strip():
-            self.blank_lines += 1
-            return b""
-        held, self.blank_lines = b"\n" * self.blank_lines, 0
-        return held + line
-
-    def end(self) -> bytes:
-        """At the stream's end: what is still held that is not a whole report (blank lines, a report cut short)."""
-        rest = b"\n" * self.blank_lines + b"".join(self.arriving or [])
-        self.blank_lines, self.arriving = 0, None
-        return rest
-
-    def take(self) -> bytes | None:
-        report, self.report = self.report, None
-        return report
 
 
 @dataclass(frozen=True)
@@ -164,7 +122,6 @@ class Host:
     end: NodeEnd | None = None
     exit_status: int | None = None
     stop_sent: bool = False
-    stderr: HeldReport = field(default_factory=HeldReport)
     started_at: float = 0.0
     heard_at: float = 0.0
     """When the agent last said anything on its stdout (every byte there comes through it)."""
@@ -354,8 +311,6 @@ class FanOut:
             rest = host.partial.pop(fd, b"")
             if rest:
                 self.line(host, target, rest + b"\n")
-            if target == 2:
-                console(2).write(host.stderr.end())
             self.selector.unregister(fd)
             host.open_streams -= 1
             return
@@ -369,11 +324,8 @@ class FanOut:
             if target == 2 and host.ready is None:
                 # The transport's or the agent's own words before the node runs: kept for the host's one line.
                 host.stderr_tail = [*host.stderr_tail, line.decode(errors="replace").strip()][-STDERR_LINES_KEPT:]
-            elif target == 2:
-                console(2).write(host.stderr.feed(host_line(host.plan.host, line)))
-                self.show_report(host)
             else:
-                console(1).write(host_line(host.plan.host, line))
+                console(target).write(host_line(host.plan.host, line))
         elif report.kind == READY:
             host.ready = report.data
         elif report.kind == REFUSED:
@@ -386,14 +338,13 @@ class FanOut:
                 say(f"host {host.plan.host}: {host.end.stopped_because}: its workers were stopped")
 
     def show_report(self, host: Host, fallback: bool = False) -> None:
-        """Relay ``host``'s failure report, where it has one whole, none was shown yet, and its node holds the
-        root cause (or, ``fallback``, at the job's end: any node's)."""
-        if self.report_shown or not (host.holds_root_cause or fallback):
+        """Show the job's failure report, made from ``host``'s end, where none was shown yet and its node holds
+        the root cause (or, ``fallback``, at the job's end: any node's)."""
+        run = host.end.run if host.end else None
+        if self.report_shown or run is None or not (host.holds_root_cause or fallback):
             return
-        report = host.stderr.take()
-        if report is not None:
-            self.report_shown = True
-            console(2).write(report)
+        command = host_command(host.plan)
+        self.report_shown = print_failure_report(run, command.script if command else "")
 
     def on_exit(self, host: Host) -> None:
         assert host.process

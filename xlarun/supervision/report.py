@@ -146,20 +146,42 @@ def format_report(name: str, failures: list[FailureRecord], lost: LostNode | Non
     )
 
 
+SHOWN_BY_LAUNCHER_VARIABLE = "XLARUN_REPORT_SHOWN_BY_LAUNCHER"
+"""Set (by a host's agent, for its node) where the launcher of a job on several hosts shows the failure report
+once, made from the nodes' summaries: the node prints its other lines, not the report."""
+
+
+def failure_report(end: RunEnd, script: str) -> str | None:
+    """torchrun's report of ``end``: a worker's failure, or a node lost above the failures it caused; else None."""
+    cause = end.root_cause
+    if isinstance(cause, FailureRecord):
+        return format_report(script, [cause, *end.other_failures])
+    if isinstance(cause, LostNode) and end.other_failures:
+        return format_report(script, list(end.other_failures), cause)
+    return None
+
+
+def print_failure_report(end: RunEnd, script: str) -> bool:
+    """Print :func:`failure_report` on stderr; whether ``end`` has one."""
+    report = failure_report(end, script)
+    if report is not None:
+        console(2).write((report + "\n").encode(errors="replace"))
+    return report is not None
+
+
 def print_root_cause(end: RunEnd, script: str) -> None:
     """Print on stderr why the run ended, where a worker failed or the workers hung: torchrun's report
     (and the OOM killer named, where it killed the root cause); or where the ranks stood and where
-    every thread's stack was written; or the node lost, under the failures it caused, and in one line."""
+    every thread's stack was written; or the node lost, under the failures it caused, and in one line.
+    The report itself is left to the launcher where :data:`SHOWN_BY_LAUNCHER_VARIABLE` says so."""
+    if not os.environ.get(SHOWN_BY_LAUNCHER_VARIABLE):
+        print_failure_report(end, script)
     cause = end.root_cause
     if isinstance(cause, FailureRecord):
-        console(2).write((format_report(script, [cause, *end.other_failures]) + "\n").encode(errors="replace"))
         if cause.reason == "oom_killed":
             where = f" on node {cause.node_rank}" if cause.nnodes > 1 else ""
             say(f"rank {cause.rank}{where} was killed by the kernel's OOM killer{peak_rss_note(cause.peak_rss_mib)}")
     elif isinstance(cause, LostNode):
-        if end.other_failures:
-            report = format_report(script, list(end.other_failures), cause)
-            console(2).write((report + "\n").encode(errors="replace"))
         say(cause.message)
     elif isinstance(cause, HangCause):
         from xlarun.supervision.stacks import describe_positions, rank_ranges  # loaded only when a run hangs
