@@ -33,6 +33,7 @@ import os
 import selectors
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,7 @@ from xlarun.remote.protocol import (
     signal_line,
     stop_line,
 )
+from xlarun.remote.transport import with_own_log
 from xlarun.supervision.end import RunEnd
 from xlarun.supervision.report import print_failure_report, read_run_end
 from xlarun.supervision.signals import RELAYED_SIGNALS, SignalInbox
@@ -117,6 +119,10 @@ class Host:
     partial: dict[int, bytes] = field(default_factory=dict)
     open_streams: int = 2
     stderr_tail: list[str] = field(default_factory=list)
+    ssh_log: str | None = None
+    """Where ssh writes its own messages (:func:`~xlarun.remote.transport.with_own_log`); None for another transport."""
+    ssh_log_read: int = 0
+    """How much of it was read: its lines before ``ready`` say why a host could not be reached, and are not shown."""
     ready: dict[str, Any] | None = None
     refused: str | None = None
     end: NodeEnd | None = None
@@ -154,6 +160,19 @@ class Host:
         if self.process is not None and self.process.stdin is not None and not self.process.stdin.closed:
             self.outbox += data
 
+    def ssh_said(self) -> list[str]:
+        """ssh's own lines since the last call (all of them, the first time)."""
+        if self.ssh_log is None:
+            return []
+        try:
+            with open(self.ssh_log, "rb") as handle:
+                handle.seek(self.ssh_log_read)
+                data = handle.read()
+        except OSError:
+            return []
+        self.ssh_log_read += len(data)
+        return [line.strip() for line in data.decode(errors="replace").splitlines() if line.strip()]
+
     def cause(self) -> str:
         """Why the host ended without its agent's end: the agent's refusal, else what its transport left
         on stderr before the agent was ready (ssh's ``Permission denied (publickey).``), else a lost connection."""
@@ -161,7 +180,7 @@ class Host:
             return self.refused
         if self.lost is not None:
             return self.lost
-        said = self.stderr_tail[-1] if self.stderr_tail else ""
+        said = self.stderr_tail[-1] if self.stderr_tail else (self.ssh_said() or [""])[-1]
         if self.ready is None and (
             self.exit_status == 127 or said.endswith(("not found", "No such file or directory"))
         ):
@@ -202,11 +221,11 @@ class FanOut:
         self.report_shown = False
 
     def run(self) -> int:
-        with SignalInbox(self.stop_signals) as inbox:
+        with tempfile.TemporaryDirectory(prefix="xlarun-hosts-") as ssh_logs, SignalInbox(self.stop_signals) as inbox:
             self.stop_signals = inbox.stop_signals
             self.selector.register(inbox.fd, selectors.EVENT_READ, ("signals", None))
             for host in self.hosts:
-                self.start(host)
+                self.start(host, ssh_logs)
             interval = min(host.plan.host_timeout for host in self.hosts) / HEARTBEATS_PER_TIMEOUT
             next_beat = time.monotonic() + interval
             while not all(host.gone for host in self.hosts):
@@ -236,13 +255,16 @@ class FanOut:
 
     # -- starting and feeding the transports
 
-    def start(self, host: Host) -> None:
+    def start(self, host: Host, ssh_logs: str) -> None:
         host.started_at = host.heard_at = time.monotonic()
+        log = os.path.join(ssh_logs, f"{host.plan.index}.log")
+        argv = with_own_log(host.argv, log)
+        host.ssh_log = log if argv is not host.argv else None
         try:
             # A session of its own: a Ctrl-C on the launcher's terminal reaches the launcher only, which then
             # stops every host in order, rather than killing the ssh clients (every host lost at once).
             host.process = subprocess.Popen(
-                host.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
             )
         except OSError as error:
             host.refused = f"cannot start {host.argv[0]}: {error.strerror}"
@@ -328,6 +350,7 @@ class FanOut:
                 console(target).write(host_line(host.plan.host, line))
         elif report.kind == READY:
             host.ready = report.data
+            host.ssh_said()  # how it connected (a warning about a known host): not the job's business
         elif report.kind == REFUSED:
             host.refused = str(report.data.get("reason", "refused"))
         elif report.kind == END:
@@ -361,6 +384,9 @@ class FanOut:
             assert stream is not None
             while not stream.closed and stream.fileno() in self.selector.get_map():
                 self.read_stream(host, stream.fileno(), draining=True)
+        if host.ready is not None:
+            for line in host.ssh_said():  # ssh's words on the connection's end
+                say(f"host {host.plan.host}: {line}")
 
     def on_signal(self, number: int) -> None:
         """A stop signal stops every host as it stops one host's workers (a second one: each agent kills its

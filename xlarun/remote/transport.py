@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import shlex
 
+SSH = "ssh"
 AGENT_FLAG = "--agent-stdin"
 """The hidden flag that makes ``python -m xlarun`` a host's agent, reading its plan on stdin."""
 
@@ -57,7 +58,14 @@ def transport_argv(
         ]
     config = ["-F", ssh_config] if ssh_config else []
     # "--" ends ssh's options: a host named like an option is a host.
-    return ["ssh", *SSH_OPTIONS, *config, "--", host, command]
+    return [SSH, *SSH_OPTIONS, *config, "--", host, command]
+
+
+def with_own_log(argv: list[str], path: str) -> list[str]:
+    """``argv`` with ssh's own messages (its errors, a connection's end) written to ``path`` (``ssh -E``),
+    apart from the stderr it shares with the remote command, so that the launcher can say which host they
+    are about; another transport's argv unchanged."""
+    return [SSH, "-E", path, *argv[1:]] if argv[:1] == [SSH] else argv
 
 
 def template_problem(template: str) -> str | None:
