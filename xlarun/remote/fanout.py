@@ -219,6 +219,8 @@ class FanOut:
         self.go_sent = False
         self.first_failure_at: float | None = None
         self.report_shown = False
+        self.turned_at = time.monotonic()
+        """When the loop last looked at the agents' deadlines (at least every heartbeat interval)."""
 
     def run(self) -> int:
         with tempfile.TemporaryDirectory(prefix="xlarun-hosts-") as ssh_logs, SignalInbox(self.stop_signals) as inbox:
@@ -421,11 +423,14 @@ class FanOut:
     def watch_agents(self) -> None:
         """Give up a host whose agent is silent past its deadline: not ready within :data:`READY_TIMEOUTS`
         host timeouts, or no word (its node's output, its heartbeat) for a host timeout once ready."""
-        now = time.monotonic()
+        now, stood_still = time.monotonic(), time.monotonic() - self.turned_at
+        self.turned_at = now
         for host in self.hosts:
             if host.gone or host.end is not None or host.lost is not None or host.unstarted:
                 continue
             timeout = host.plan.host_timeout
+            if stood_still > timeout / 2:  # the launcher itself was stopped or starved: the silence was its own
+                host.heard_at, host.started_at = now, host.started_at + stood_still
             if host.ready is None and host.refused is None and now - host.started_at > READY_TIMEOUTS * timeout:
                 host.lost = (
                     f"not ready within {READY_TIMEOUTS * timeout:g} s (the connection, the remote interpreter's start "
