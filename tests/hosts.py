@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+import psutil
 import pytest
 from helpers import Run, files_exist, finish, kill_all, start_xlarun, wait_for, worker
 
@@ -46,6 +47,41 @@ def job_processes(run_id: str) -> list[int]:
         if environ is not None and any(variable in environ for variable in wanted):
             found.append(int(entry))
     return found
+
+
+def agent_of(run_id: str, node_rank: int) -> psutil.Process:
+    """The agent of the host that runs node ``node_rank`` of the job: its node's parent (the node is the
+    job's process whose command line holds the node rank the plan gave it)."""
+    for pid in job_processes(run_id):
+        try:
+            process = psutil.Process(pid)
+            if f"--node-rank={node_rank}" in process.cmdline():
+                return process.parent()
+        except psutil.Error:
+            continue
+    pytest.fail(f"no node {node_rank} of {run_id} runs")
+
+
+def hanging_python(directory: Path) -> tuple[Path, Path]:
+    """A ``--remote-python`` that hangs as an interpreter on a dead mount would (it sleeps, its pid appended to
+    the second path first), and that file."""
+    pids = directory / "hung.pids"
+    python = directory / "hanging-python"
+    python.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 600\n")
+    python.chmod(0o755)
+    return python, pids
+
+
+def alive(pids: list[int]) -> list[int]:
+    """Those of ``pids`` still running (a zombie is not)."""
+    running = []
+    for pid in pids:
+        try:
+            if psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                running.append(pid)
+        except psutil.Error:
+            pass
+    return running
 
 
 def describe(pids: list[int]) -> str:

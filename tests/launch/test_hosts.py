@@ -11,17 +11,23 @@ from __future__ import annotations
 import json
 import secrets
 import signal
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from helpers import run_xlarun, worker
+from helpers import files_exist, kill_all, run_xlarun, wait_for, worker
 from hosts import (
     NPROC,
     STOP_DEADLINE_S,
+    WORKERS,
     Job,
+    agent_of,
+    alive,
     assert_worker_lines_carry_host_and_rank,
+    describe,
+    hanging_python,
     job_processes,
     one_line,
     sleepers,
@@ -30,6 +36,10 @@ from hosts import (
 HOSTS = ("127.0.0.2", "127.0.0.3")
 LOCAL_RSH = "env -i PATH=/usr/bin:/bin sh -c {command}"
 """A host's agent starts as a login would: with the host's environment, not the launcher's."""
+SHELL_RSH = "sh -c '{command}; exit $?'"
+"""A transport that stays between the launcher and the agent, as ssh does: the agent is its child."""
+PIPED_RSH = "sh -c '{command} | cat'"
+"""A transport that, as ssh does, ends only once every holder of the agent's stdout closed it."""
 
 
 @pytest.fixture
@@ -124,16 +134,122 @@ def test_a_hang_names_the_host_of_each_nodes_stacks_as_the_user_named_it(
     assert f"every thread's stack on node 1 ({HOSTS[1]}): " in run.stderr, run.stderr
 
 
-@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+@pytest.mark.parametrize(
+    ("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129), (signal.SIGQUIT, 131)]
+)
 def test_a_stop_signal_stops_every_host_before_the_launcher_exits(
-    start: Callable[..., Job], out_dir: Path, stop: int, code: int
+    start: Callable[..., Job], out_dir: Path, tmp_path: Path, stop: int, code: int
 ) -> None:
-    job = start(*sleepers(out_dir))
+    summary = tmp_path / "summary.json"
+    job = start("--summary-file", summary, *sleepers(out_dir))
     job.wait_for_workers()
     job.process.send_signal(stop)
     run = job.finish()
     assert run.returncode == code, run.stderr
     assert not job_processes(job.run_id)
+    record = json.loads(summary.read_text())
+    assert (record["result"], record["exit_code"]) == ("signaled", code)
+
+
+def test_a_signal_left_out_of_the_list_keeps_its_default_action_and_the_hosts_stop(
+    start: Callable[..., Job], out_dir: Path
+) -> None:
+    job = start("--signals-to-handle", "SIGTERM,SIGINT", *sleepers(out_dir))
+    job.wait_for_workers()
+    job.process.send_signal(signal.SIGHUP)
+    assert job.finish().returncode == -signal.SIGHUP
+    job.assert_gone_within(STOP_DEADLINE_S, "the launcher ended by SIGHUP's default action")
+
+
+@pytest.mark.parametrize("number", [signal.SIGUSR1, signal.SIGUSR2])
+def test_user_signals_reach_every_worker_on_every_host(start: Callable[..., Job], out_dir: Path, number: int) -> None:
+    job = start(worker("signal_recorder.py"), out_dir)
+    ready = files_exist(*(out_dir / f"{rank}.ready" for rank in range(WORKERS)))
+    wait_for(lambda: ready() or job.process.poll() is not None, "every worker's handlers")
+    assert ready(), job.finish().stderr
+    job.process.send_signal(number)
+    name = signal.Signals(number).name
+    records = [out_dir / f"{rank}.signals" for rank in range(WORKERS)]
+    wait_for(
+        lambda: all(record.exists() and name in record.read_text() for record in records),
+        f"{name} on every worker",
+    )
+    (out_dir / "finish").touch()
+    run = job.finish()
+    assert run.returncode == 0, run.stderr
+
+
+def test_a_killed_agent_takes_its_node_and_workers_with_it(start: Callable[..., Job], out_dir: Path) -> None:
+    job = start(*sleepers(out_dir), rsh=PIPED_RSH)
+    job.wait_for_workers()
+    agent_of(job.run_id, 1).kill()
+    job.assert_gone_within(STOP_DEADLINE_S, "host 2's agent SIGKILLed")
+    run = job.finish()
+    assert run.returncode == 1, run.stderr
+    one_line(run.stderr, f"xlarun: host {HOSTS[1]}: connection lost")
+
+
+@pytest.mark.parametrize("interrupted", [False, True])
+def test_a_frozen_agent_is_named_within_the_host_timeout(
+    start: Callable[..., Job], out_dir: Path, interrupted: bool
+) -> None:
+    """SIGSTOP to host 2's agent: the launcher hears no heartbeat from it for --host-timeout seconds, names it,
+    and ends; a Ctrl-C meanwhile is heard. Its transport's group is killed, the frozen agent with it, and its
+    node with the agent."""
+    job = start("--host-timeout", 3, *sleepers(out_dir), rsh=SHELL_RSH)
+    job.wait_for_workers()
+    agent = agent_of(job.run_id, 1)
+    agent.suspend()
+    try:
+        if interrupted:
+            job.process.send_signal(signal.SIGINT)
+        run = job.finish()
+    finally:
+        kill_all([agent.pid])
+    assert run.returncode == (130 if interrupted else 1), run.stderr
+    one_line(run.stderr, f"xlarun: host {HOSTS[1]}: no heartbeat from its agent for 3 s")
+    assert "from the launcher" not in run.stderr, run.stderr
+    job.assert_gone_within(STOP_DEADLINE_S, "host 2's agent SIGSTOPped")
+
+
+def outliving(pids: list[int]) -> str:
+    """Those of ``pids`` (the hung interpreters of a launcher that exited) still alive :data:`STOP_DEADLINE_S`
+    later, described, and killed; empty where none is."""
+    deadline = time.monotonic() + STOP_DEADLINE_S
+    while alive(pids) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survivors = alive(pids)
+    described = describe(survivors)
+    kill_all(survivors)
+    return described
+
+
+def test_a_host_that_never_gets_ready_is_given_up_at_its_deadline(
+    start: Callable[..., Job], out_dir: Path, tmp_path: Path
+) -> None:
+    python, pids = hanging_python(tmp_path)
+    run = start("--host-timeout", 1, "--remote-python", python, worker("marker.py"), out_dir / "ran").finish()
+    hung = [int(pid) for pid in pids.read_text().split()]
+    survivors = outliving(hung)
+    assert run.returncode == 1, run.stderr
+    for host in HOSTS:
+        one_line(run.stderr, f"xlarun: host {host}: not ready within 4 s")
+    assert len(hung) == 2 and not survivors, survivors
+
+
+@pytest.mark.parametrize(("stop", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143), (signal.SIGHUP, 129)])
+def test_a_stop_signal_ends_a_launch_whose_hosts_hang_before_ready(
+    start: Callable[..., Job], out_dir: Path, tmp_path: Path, stop: int, code: int
+) -> None:
+    python, pids = hanging_python(tmp_path)
+    job = start("--remote-python", python, worker("marker.py"), out_dir / "ran")
+    wait_for(lambda: pids.exists() and len(pids.read_text().split()) == 2, "both hosts' interpreters hanging")
+    job.process.send_signal(stop)
+    run = job.finish()
+    hung = [int(pid) for pid in pids.read_text().split()]
+    survivors = outliving(hung)
+    assert run.returncode == code, run.stderr
+    assert len(hung) == 2 and not survivors, survivors
 
 
 def test_a_killed_launcher_leaves_nothing(start: Callable[..., Job], out_dir: Path) -> None:
@@ -160,7 +276,7 @@ def test_a_frozen_launcher_is_noticed_within_the_host_timeout(start: Callable[..
 
 def test_a_lost_transport_stops_every_host(start: Callable[..., Job], out_dir: Path) -> None:
     # The shell stays between the launcher and the agent, as ssh does: killing it is losing the connection.
-    job = start(*sleepers(out_dir), rsh="sh -c '{command}; exit $?'")
+    job = start(*sleepers(out_dir), rsh=SHELL_RSH)
     job.wait_for_workers()
     second = next(
         transport
@@ -216,6 +332,25 @@ def test_sigint_to_one_job_leaves_another_on_the_same_hosts(start: Callable[...,
     assert interrupted.finish().returncode == 130
     run = finishing.finish()
     assert run.returncode == 0, run.stderr
+
+
+@pytest.mark.parametrize(("value", "words"), [("a\0b", "NUL byte"), ("x" * 131072, "MAX_ARG_STRLEN")])
+def test_an_env_value_no_process_could_take_is_refused_before_any_host(tmp_path: Path, value: str, words: str) -> None:
+    contacted = tmp_path / "contacted"
+    env_file = tmp_path / "job.env"
+    env_file.write_text(f"BAD={value}\n")
+    run = run_xlarun("--hosts", "h1,h2", "--rsh", f"touch {contacted} {{command}}", "--env-file", env_file, "train.py")
+    assert run.returncode == 2, run.stderr
+    assert "--env-file" in run.stderr and words in run.stderr and len(run.stderr.splitlines()) == 1, run.stderr
+    assert not contacted.exists()
+
+
+def test_a_hostfile_s_byte_order_mark_is_no_part_of_its_first_host(tmp_path: Path) -> None:
+    hostfile = tmp_path / "hosts"
+    hostfile.write_text("\ufeffh1 slots=4\nh2\n", encoding="utf-8")
+    run = run_xlarun("--dry-run", "--hostfile", hostfile, "train.py")
+    assert run.returncode == 0, run.stderr
+    assert [host["host"] for host in json.loads(run.stdout)["hosts"]] == ["h1", "h2"]
 
 
 def test_the_dry_run_shows_each_host_s_transport_and_plan_and_contacts_nothing(tmp_path: Path) -> None:

@@ -27,6 +27,7 @@ from hosts import (
     NPROC,
     STOP_DEADLINE_S,
     Job,
+    agent_of,
     assert_worker_lines_carry_host_and_rank,
     describe,
     job_processes,
@@ -134,6 +135,40 @@ def test_a_frozen_launcher_is_noticed_within_the_host_timeout(start: Callable[..
         one_line(run.stderr, f"host {alias}:", "heartbeat")
 
 
+def test_a_killed_agent_leaves_no_node_or_worker_and_the_launcher_ends(
+    start: Callable[..., Job], out_dir: Path
+) -> None:
+    """SIGKILL to h2's agent: sshd keeps the session while anything holds its pipes, so the node must learn by
+    itself that its agent is gone; the launcher then hears the host end."""
+    job = start(*sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"))
+    job.wait_for_workers()
+    agent_of(job.run_id, 1).kill()
+    job.assert_gone_within(STOP_DEADLINE_S, "h2's agent SIGKILLed")
+    run = job.finish()
+    assert run.returncode == 1, run.stderr
+    one_line(run.stderr, "xlarun: host h2: connection lost")
+
+
+def test_a_frozen_agent_is_named_and_its_node_stops_once_it_runs_again(
+    start: Callable[..., Job], out_dir: Path
+) -> None:
+    """SIGSTOP to h2's agent: the launcher hears no heartbeat from it for --host-timeout seconds, names it and
+    stops h1; the ssh client it stopped closed the agent's input, so the agent stops its node once continued."""
+    job = start("--host-timeout", 3, *sleepers(out_dir, "sleep", "sleep", "sleep", "sleep"))
+    job.wait_for_workers()
+    agent = agent_of(job.run_id, 1)
+    agent.suspend()
+    try:
+        job.process.send_signal(signal.SIGINT)  # heard, though one host cannot answer
+        run = job.finish()
+    finally:
+        agent.resume()
+    assert run.returncode == 130, run.stderr
+    one_line(run.stderr, "xlarun: host h2: no heartbeat from its agent for 3 s")
+    assert "from the launcher" not in run.stderr, run.stderr
+    job.assert_gone_within(STOP_DEADLINE_S, "h2's agent SIGSTOPped, then continued")
+
+
 @pytest.mark.parametrize("fault", ["ss -K", "sshd session killed"])
 def test_a_lost_connection_stops_every_host(
     start: Callable[..., Job], ssh_hosts: SshHosts, out_dir: Path, fault: str
@@ -152,6 +187,13 @@ def test_a_lost_connection_stops_every_host(
     run = job.finish()
     assert run.returncode == 1, run.stderr
     one_line(run.stderr, "host h2: connection lost (ssh exit 255)")
+    if fault == "ss -K":
+        # ssh's own words on the connection's end (its log: "client_loop: send disconnect: Broken pipe") name
+        # the host, as every launcher line does. A session killed on the server has ssh write "Connection to ...
+        # closed by remote host." to its stderr itself, among the remote command's lines, where nothing tells it apart.
+        unnamed = [line for line in run.stderr.splitlines() if not line.startswith(("xlarun: ", "h1:", "h2:"))]
+        assert unnamed == [], run.stderr
+        one_line(run.stderr, "xlarun: host h2: client_loop: send disconnect: Broken pipe")
     job.assert_gone_within(STOP_DEADLINE_S, fault)
 
 

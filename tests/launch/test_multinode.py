@@ -220,6 +220,7 @@ def test_a_lost_node_is_named_as_the_root_cause_within_the_heartbeat_timeout(
         "reason": "node_lost",
         "node_rank": lost,
         "host": socket.getfqdn(),
+        "silent_for": 3,
         "message": named.removeprefix("xlarun: "),
         "exit_status": 1,
     }

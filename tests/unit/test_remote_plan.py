@@ -1,16 +1,14 @@
-"""The fan-out's pure parts: host plans, the environment that travels, the transport's argv, the line protocol,
-the failure report held back so the console shows it once."""
+"""The fan-out's pure parts: host plans, the environment that travels, the transport's argv, the line protocol."""
 
 from __future__ import annotations
 
+from string import Template
+
 import pytest
 
-from xlarun.failures import FailureRecord
-from xlarun.remote.fanout import HeldReport
 from xlarun.remote.plan import HostPlan, allowed_environment, plan_hosts, read_env_file, redacted
-from xlarun.remote.protocol import AgentReport, go_line, read_order, read_report, stop_line
+from xlarun.remote.protocol import AgentReport, go_line, read_order, read_report, signal_line, stop_line
 from xlarun.remote.transport import remote_command, template_problem, transport_argv
-from xlarun.supervision.report import format_report
 
 
 def plans(**overrides: object) -> list[HostPlan]:
@@ -48,6 +46,22 @@ def test_node_ranks_follow_the_host_list_with_node_0_on_the_first_host() -> None
 def test_the_user_s_streams_and_prefix_are_kept() -> None:
     argv = plans(prefix_given=True, streams_given=True)[0].argv
     assert not any(word.startswith(("--tee", "--log-line-prefix")) for word in argv)
+
+
+def test_a_dollar_in_a_host_s_name_is_no_macro_of_its_prefix() -> None:
+    argv = plan_hosts(
+        ["h${rank}"],
+        [],
+        ["train.py"],
+        run_id="r1",
+        master_port=None,
+        cwd="/w",
+        env={},
+        host_timeout=15.0,
+        version="1.0",
+    )[0].argv
+    template = next(word for word in argv if word.startswith("--log-line-prefix-template="))
+    assert Template(template.partition("=")[2]).safe_substitute(rank=3) == "h${rank}:3: "
 
 
 def test_tpu_vm_hosts_read_their_ranks_themselves() -> None:
@@ -130,18 +144,5 @@ def test_reports_are_told_from_output() -> None:
     assert read_order(go_line("10.0.0.1", 29501)) == ("go", {"master_addr": "10.0.0.1", "master_port": 29501})
     assert read_order(stop_line()) == ("stop", {})
     assert read_order(b"nonsense\n") == ("stop", {})
-
-
-def test_a_nodes_report_is_held_whole_and_its_other_lines_pass_in_order() -> None:
-    """The report (blank line first; a traceback line of ``=`` is indented, so it closes nothing) comes out
-    whole on :meth:`HeldReport.take`; a blank line not before a report passes with the next line; a report
-    cut short comes out at the stream's end."""
-    failure = FailureRecord(rank=3, local_rank=1, returncode=7, pid=9, time=0.0, host="h2", traceback="====\n\nx")
-    report = (format_report("train.py", [failure]) + "\n").encode()
-    held = HeldReport()
-    relayed = b"".join(held.feed(line) for line in [b"before\n", *report.splitlines(keepends=True), b"\n", b"after\n"])
-    assert relayed == b"before\n\nafter\n"
-    assert held.take() == report
-    assert held.take() is None
-    opening = report.splitlines(keepends=True)[1]
-    assert held.feed(opening) == b"" and held.end() == opening
+    assert read_order(signal_line(10)) == ("signal", {"number": 10})
+    assert read_order(b"signal {}\n") == ("stop", {})

@@ -10,10 +10,16 @@ import pytest
 
 from xlarun.console import flush_consoles
 from xlarun.failures import HUNG_EXIT_CODE, NOT_AVAILABLE, FailureRecord, exit_status, signal_name
-from xlarun.rendezvous import NodeStacks
+from xlarun.rendezvous import LostNode, NodeStacks
 from xlarun.supervision.end import HangCause, RunEnd
 from xlarun.supervision.group import WorkerResult
-from xlarun.supervision.report import RunSummary, format_report, print_root_cause, root_cause_record
+from xlarun.supervision.report import (
+    RunSummary,
+    format_report,
+    print_root_cause,
+    read_run_end,
+    root_cause_record,
+)
 
 
 def failure(rank: int, returncode: int, node_rank: int = 0, nnodes: int = 1) -> FailureRecord:
@@ -169,3 +175,30 @@ def test_a_failure_is_reported_as_torchrun_does(capfd: pytest.CaptureFixture[str
     print_root_cause(RunEnd.failed([failure(1, 3), failure(0, -9)]), "train.py")
     flush_consoles()
     assert capfd.readouterr().err == format_report("train.py", [failure(1, 3), failure(0, -9)]) + "\n"
+
+
+@pytest.mark.parametrize(
+    "end",
+    [
+        RunEnd.failed([failure(3, 7, node_rank=1, nnodes=2), failure(0, -15, nnodes=2)]),
+        RunEnd.node_lost(LostNode(node_rank=1, host="h2", silent_for=15.0), [failure(0, 1, nnodes=2)]),
+        RunEnd.signalled(signal.SIGHUP),
+        RunEnd.launcher_error("the store is gone", root_cause=failure(1, 2)),
+        RunEnd.succeeded(),
+    ],
+)
+def test_another_node_s_summary_reads_back_into_the_end_it_was_made_from(end: RunEnd) -> None:
+    record = json.loads(json.dumps(RunSummary(run_id="job").record(end)))
+    assert read_run_end(record) == end
+
+
+def test_a_hang_reads_back_with_its_message() -> None:
+    record = json.loads(json.dumps(RunSummary(run_id="job").record(RunEnd.hung(hang_cause()))))
+    end = read_run_end(record)
+    assert (end.result, end.exit_code, getattr(end.root_cause, "message", None)) == ("hung", 124, hang_cause().message)
+
+
+@pytest.mark.parametrize("record", [{}, {"launcher_signal": "SIGNOPE"}, {"root_cause": {"reason": "exited"}}])
+def test_a_summary_xlarun_did_not_write_is_refused(record: dict) -> None:
+    with pytest.raises(ValueError):
+        read_run_end({**RunSummary(run_id="job").record(RunEnd.succeeded()), **record} if record else record)

@@ -17,9 +17,12 @@ from collections.abc import Mapping
 
 from xlarun import __version__
 from xlarun.cli.options import OPTIONS_BY_DEST, OptionValues
+from xlarun.exceptions import UsageError
+from xlarun.flags import flag
 from xlarun.planning.rules import HOST_SOURCES, HOSTS_ONLY, check_run_id, require_script
 from xlarun.remote.plan import HostPlan, allowed_environment, plan_hosts
 from xlarun.remote.transport import remote_command, transport_argv
+from xlarun.runtimes.limits import MAX_VARIABLE_BYTES, variable_bytes
 
 LAUNCHER_ONLY = frozenset(
     {*HOST_SOURCES, *HOSTS_ONLY, "tpu_zone", "dry_run", "summary_file", "master_addr", "master_port", "rdzv_id"}
@@ -54,6 +57,19 @@ def hosts_and_template(values: OptionValues) -> tuple[list[str], str | None]:
     return list(values["hosts"] or values["hostfile"]), values["rsh"]
 
 
+def check_travelling_values(dest: str, variables: Mapping[str, str]) -> None:
+    """Refuse, before any host is contacted, a variable no process could be started with: a NUL byte (which
+    ends a C string) or a ``NAME=value`` past Linux's limit on one (each host's ``execve`` would refuse it)."""
+    for name, value in variables.items():
+        if "\0" in value:
+            raise UsageError(f"{flag(dest)}: the value of {name} holds a NUL byte, which no environment can carry")
+        if variable_bytes(name, value) > MAX_VARIABLE_BYTES:
+            raise UsageError(
+                f"{flag(dest)}: {name}=... takes {variable_bytes(name, value):,} bytes, past Linux's limit on one "
+                f"environment variable ({MAX_VARIABLE_BYTES:,} bytes, MAX_ARG_STRLEN): no host could start its node"
+            )
+
+
 def plan_job(
     values: OptionValues,
     given: Mapping[str, str | None],
@@ -66,7 +82,10 @@ def plan_job(
     run_id = values.given("rdzv_id") or uuid.uuid4().hex
     check_run_id(values, run_id)
     travelling = {name: value for name, value in allowed_environment(environ).items() if name not in LAUNCHER_VARIABLES}
-    env = {**travelling, **(values["env_file"] or {}), **dict(values["env"] or ())}
+    given_env = {"env_file": values["env_file"] or {}, "env": dict(values["env"] or ())}
+    for dest, variables in given_env.items():
+        check_travelling_values(dest, variables)
+    env = {**travelling, **given_env["env_file"], **given_env["env"]}
     program = "module" if values["module"] else "program" if values["no_python"] else "script"
     hosts, template = hosts_and_template(values)
     plans = plan_hosts(
@@ -122,4 +141,5 @@ def launch_hosts(
         master_addr=values.given("master_addr"),
         reached_addresses=reached_addresses,
         summary_file=values["summary_file"],
+        stop_signals=values["signals_to_handle"].signals,
     ).run()

@@ -257,7 +257,8 @@ def parse_hosts(text: str) -> tuple[str, ...]:
 
 def _read_text(path: str) -> str:
     try:
-        with open(path, encoding="utf-8") as handle:
+        # utf-8-sig: a byte order mark (an editor's on Windows) is no part of the first line.
+        with open(path, encoding="utf-8-sig") as handle:
             return handle.read()
     except (OSError, UnicodeDecodeError) as error:
         raise InvalidValue(f"cannot read it: {getattr(error, 'strerror', None) or error}") from None

@@ -8,13 +8,19 @@ per failing host, every other one told to stop, exit 1.
 Then the loop relays each host's output line by line, stdout to stdout and stderr to stderr (each
 line whole, as the host's node wrote it: with ``--tee`` its workers' lines carry their
 ``host:rank`` prefix), sends heartbeats, and waits for every host's ``end``. Every node learns the
-job's root cause through the rendezvous and prints the failure report, so the console shows one:
-each node's report is held back (:class:`HeldReport`), and the one of the node that holds the root
-cause (by its summary), else node 0's, is relayed once. A worker failing on
-any host stops every host through the rendezvous; SIGINT or SIGTERM sends ``stop`` to every host
-and exits 128+N once every host reported its workers gone; a second one closes every agent's
-input (each kills its node). A transport that exits without its agent's ``end`` is a lost host:
-one line naming it and the transport's exit status, every other host stopped, exit 1.
+job's root cause through the rendezvous; no node prints the failure report (its agent tells it not to),
+and the launcher prints it once, made from the ``end`` of the node that holds the root cause, else
+node 0's. Each node's ``end`` is read once, where it
+arrives, into the values a node's run ends with (:class:`NodeEnd`). A worker failing on any host stops
+every host through the rendezvous; a stop signal (``--signals-to-handle``) sends ``stop`` to every host
+and exits 128+N once every host reported its workers gone; a second one closes every agent's input
+(each kills its node); SIGUSR1 and SIGUSR2 go to every node, which passes them to its workers.
+
+Every stage has a deadline. A host not ``ready`` within :data:`READY_TIMEOUTS` host timeouts, or whose
+agent said nothing (its node's output, its heartbeat) for a host timeout once ready, is given up: one
+line naming it and why, its transport's process group killed, every other host stopped, exit 1. A
+transport that exits without its agent's ``end`` is a lost host the same way, its line naming the
+transport's exit status.
 
 The exit code is otherwise the root cause's: the first non-zero node exit code in node-rank order
 (node 0's first: its node holds the job's root cause).
@@ -27,13 +33,16 @@ import os
 import selectors
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from xlarun.console import console, say
+from xlarun.failures import FailureRecord
 from xlarun.flags import flag
+from xlarun.remote.checks import host_command
 from xlarun.remote.plan import HostPlan
 from xlarun.remote.protocol import (
     END,
@@ -43,60 +52,59 @@ from xlarun.remote.protocol import (
     REFUSED,
     go_line,
     read_report,
+    signal_line,
     stop_line,
 )
-from xlarun.supervision.report import RULE
-from xlarun.supervision.signals import SignalInbox
+from xlarun.remote.transport import with_own_log
+from xlarun.supervision.end import RunEnd
+from xlarun.supervision.report import print_failure_report, read_run_end
+from xlarun.supervision.signals import RELAYED_SIGNALS, SignalInbox
 
 STDERR_LINES_KEPT = 5
 """The transport's last stderr lines kept per host: where ssh says why it could not connect."""
 LOST_EXIT_CODE = 1
+READY_TIMEOUTS = 4
+"""How many ``--host-timeout`` a host gets to say ``ready`` (60 s by default): the connection, the remote
+interpreter's start and the host's checks. Until then no heartbeat can come, and an interpreter stuck on a
+dead mount would otherwise hold the launch for good."""
 STOPPED_AFTER_FAILURE_S = 10.0
 """How long the other hosts get to end by themselves (the rendezvous tells them) after one host's node
 failed, before they are told to stop."""
 
 
-class HeldReport:
-    """A node's stderr lines on their way to the console, its failure report held back whole.
+@dataclass(frozen=True)
+class NodeEnd:
+    """A host's ``end`` report, read once where it arrives: the node's exit code, how its run ended (its
+    summary read back: :func:`~xlarun.supervision.report.read_run_end`) and the summary's record as the
+    node wrote it, which the fan-out's summary carries whole."""
 
-    The report is the lines from one of :data:`~xlarun.supervision.report.RULE` alone to the next (its
-    traceback lines are indented, so no worker text closes it early), with the blank lines just before
-    it; blank lines are held until a line that is not a report's follows them.
-    """
+    exit_code: int
+    run: RunEnd | None
+    """None where the node wrote no summary (killed before it could, or never started)."""
+    record: dict[str, Any] | None
+    stopped_because: str | None
+    """Why the agent stopped its node on its own (the launcher frozen, its input closed), else None."""
 
-    def __init__(self) -> None:
-        self.blank_lines = 0
-        self.arriving: list[bytes] | None = None
-        self.report: bytes | None = None
-        """The last whole report, until it is taken."""
+    @classmethod
+    def from_report(cls, data: dict[str, Any]) -> NodeEnd:
+        record = data.get("summary")
+        try:
+            run = read_run_end(record) if isinstance(record, dict) else None
+        except ValueError:
+            run = None
+        code = data.get("exit_code")
+        reason = data.get("stopped_because")
+        return cls(
+            exit_code=code if isinstance(code, int) else LOST_EXIT_CODE,
+            run=run,
+            record=record if isinstance(record, dict) else None,
+            stopped_because=reason if isinstance(reason, str) and reason else None,
+        )
 
-    def feed(self, line: bytes) -> bytes:
-        """What to relay now, ``line`` (one whole line) being the stream's next."""
-        text = line.rstrip(b"\r\n")
-        opens_or_closes = bool(text) and not text.strip(RULE.encode())
-        if self.arriving is not None:
-            self.arriving.append(line)
-            if opens_or_closes:
-                self.report, self.arriving = b"".join(self.arriving), None
-            return b""
-        if opens_or_closes:
-            self.arriving, self.blank_lines = [b"\n" * self.blank_lines, line], 0
-            return b""
-        if not text.strip():
-            self.blank_lines += 1
-            return b""
-        held, self.blank_lines = b"\n" * self.blank_lines, 0
-        return held + line
-
-    def end(self) -> bytes:
-        """At the stream's end: what is still held that is not a whole report (blank lines, a report cut short)."""
-        rest = b"\n" * self.blank_lines + b"".join(self.arriving or [])
-        self.blank_lines, self.arriving = 0, None
-        return rest
-
-    def take(self) -> bytes | None:
-        report, self.report = self.report, None
-        return report
+    @property
+    def failure(self) -> FailureRecord | None:
+        """The failed worker at the root of the job's end, as this node learnt it through the rendezvous."""
+        return None if self.run is None else self.run.failure
 
 
 @dataclass
@@ -111,39 +119,68 @@ class Host:
     partial: dict[int, bytes] = field(default_factory=dict)
     open_streams: int = 2
     stderr_tail: list[str] = field(default_factory=list)
+    ssh_log: str | None = None
+    """Where ssh writes its own messages (:func:`~xlarun.remote.transport.with_own_log`); None for another transport."""
+    ssh_log_read: int = 0
+    """How much of it was read: its lines before ``ready`` say why a host could not be reached, and are not shown."""
     ready: dict[str, Any] | None = None
     refused: str | None = None
-    end: dict[str, Any] | None = None
+    end: NodeEnd | None = None
     exit_status: int | None = None
     stop_sent: bool = False
-    stderr: HeldReport = field(default_factory=HeldReport)
-
-    @property
-    def root_cause(self) -> dict[str, Any] | None:
-        """The job's root cause as its node's summary records it (a failing worker's has its ``rank``)."""
-        cause = ((self.end or {}).get("summary") or {}).get("root_cause")
-        return cause if isinstance(cause, dict) else None
+    started_at: float = 0.0
+    heard_at: float = 0.0
+    """When the agent last said anything on its stdout (every byte there comes through it)."""
+    lost: str | None = None
+    """Why the launcher gave the host up and killed its transport (no heartbeat, not ready in time)."""
+    unstarted: bool = False
+    """Its transport was killed before the host was ready, the launcher being stopped: not a lost host."""
 
     @property
     def holds_root_cause(self) -> bool:
         """Its node's summary says the root cause failed on this node."""
-        return self.root_cause is not None and self.root_cause.get("node_rank") == self.plan.node_rank
+        failure = self.end.failure if self.end else None
+        return failure is not None and failure.node_rank == self.plan.node_rank
 
     @property
     def gone(self) -> bool:
         """The transport exited and both its streams reached their end."""
         return self.exit_status is not None and self.open_streams == 0
 
+    def kill(self) -> None:
+        """SIGKILL to the transport's process group (it leads a session of its own): ssh and whatever it started
+        here (a ``ProxyCommand``), or a local ``--rsh`` wrapper with everything under it."""
+        if self.process is not None and self.exit_status is None:
+            try:
+                os.killpg(self.process.pid, signal.SIGKILL)
+            except OSError:
+                pass  # gone already: its exit is on its way
+
     def send(self, data: bytes) -> None:
         if self.process is not None and self.process.stdin is not None and not self.process.stdin.closed:
             self.outbox += data
+
+    def ssh_said(self) -> list[str]:
+        """ssh's own lines since the last call (all of them, the first time)."""
+        if self.ssh_log is None:
+            return []
+        try:
+            with open(self.ssh_log, "rb") as handle:
+                handle.seek(self.ssh_log_read)
+                data = handle.read()
+        except OSError:
+            return []
+        self.ssh_log_read += len(data)
+        return [line.strip() for line in data.decode(errors="replace").splitlines() if line.strip()]
 
     def cause(self) -> str:
         """Why the host ended without its agent's end: the agent's refusal, else what its transport left
         on stderr before the agent was ready (ssh's ``Permission denied (publickey).``), else a lost connection."""
         if self.refused is not None:
             return self.refused
-        said = self.stderr_tail[-1] if self.stderr_tail else ""
+        if self.lost is not None:
+            return self.lost
+        said = self.stderr_tail[-1] if self.stderr_tail else (self.ssh_said() or [""])[-1]
         if self.ready is None and (
             self.exit_status == 127 or said.endswith(("not found", "No such file or directory"))
         ):
@@ -165,11 +202,12 @@ class FanOut:
         master_addr: str | None = None,
         reached_addresses: bool = True,
         summary_file: str | None = None,
-        stop_signals: Sequence[int] = (signal.SIGINT, signal.SIGTERM),
+        stop_signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT),
     ):
         """``master_addr``: the user's ``--master-addr``; without it node 0 is found where ssh reached the
         first host (its ``ready``; ``reached_addresses`` False for another transport, whose agents may inherit
-        an unrelated ``SSH_CONNECTION``), else by the first host's name."""
+        an unrelated ``SSH_CONNECTION``), else by the first host's name. ``stop_signals``: ``--signals-to-handle``,
+        which stop every host as they stop one host's workers; SIGUSR1 and SIGUSR2 go to every host's workers."""
         self.hosts = [Host(plan, argv, remote_python) for plan, argv in zip(plans, argvs, strict=True)]
         self.master_addr = master_addr
         self.reached_addresses = reached_addresses
@@ -181,17 +219,22 @@ class FanOut:
         self.go_sent = False
         self.first_failure_at: float | None = None
         self.report_shown = False
+        self.turned_at = time.monotonic()
+        """When the loop last looked at the agents' deadlines (at least every heartbeat interval)."""
 
     def run(self) -> int:
-        with SignalInbox(self.stop_signals) as inbox:
+        with tempfile.TemporaryDirectory(prefix="xlarun-hosts-") as ssh_logs, SignalInbox(self.stop_signals) as inbox:
+            self.stop_signals = inbox.stop_signals
             self.selector.register(inbox.fd, selectors.EVENT_READ, ("signals", None))
             for host in self.hosts:
-                self.start(host)
+                self.start(host, ssh_logs)
             interval = min(host.plan.host_timeout for host in self.hosts) / HEARTBEATS_PER_TIMEOUT
             next_beat = time.monotonic() + interval
             while not all(host.gone for host in self.hosts):
                 self.watch_outboxes()
                 for key, _ in self.selector.select(max(0.0, min(next_beat - time.monotonic(), 0.5))):
+                    if self.selector.get_map().get(key.fd) is not key:
+                        continue  # closed by an earlier event of this batch: its transport's exit drained it
                     kind, host = key.data
                     if kind == "signals":
                         for number in inbox.drain():
@@ -214,12 +257,16 @@ class FanOut:
 
     # -- starting and feeding the transports
 
-    def start(self, host: Host) -> None:
+    def start(self, host: Host, ssh_logs: str) -> None:
+        host.started_at = host.heard_at = time.monotonic()
+        log = os.path.join(ssh_logs, f"{host.plan.index}.log")
+        argv = with_own_log(host.argv, log)
+        host.ssh_log = log if argv is not host.argv else None
         try:
             # A session of its own: a Ctrl-C on the launcher's terminal reaches the launcher only, which then
             # stops every host in order, rather than killing the ssh clients (every host lost at once).
             host.process = subprocess.Popen(
-                host.argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True
             )
         except OSError as error:
             host.refused = f"cannot start {host.argv[0]}: {error.strerror}"
@@ -282,12 +329,12 @@ class FanOut:
         except OSError:
             data = b""
         target = 1 if host.process and host.process.stdout and fd == host.process.stdout.fileno() else 2
+        if target == 1:
+            host.heard_at = time.monotonic()
         if not data:
             rest = host.partial.pop(fd, b"")
             if rest:
                 self.line(host, target, rest + b"\n")
-            if target == 2:
-                console(2).write(host.stderr.end())
             self.selector.unregister(fd)
             host.open_streams -= 1
             return
@@ -301,31 +348,28 @@ class FanOut:
             if target == 2 and host.ready is None:
                 # The transport's or the agent's own words before the node runs: kept for the host's one line.
                 host.stderr_tail = [*host.stderr_tail, line.decode(errors="replace").strip()][-STDERR_LINES_KEPT:]
-            elif target == 2:
-                console(2).write(host.stderr.feed(host_line(host.plan.host, line)))
-                self.show_report(host)
             else:
-                console(1).write(host_line(host.plan.host, line))
+                console(target).write(host_line(host.plan.host, line))
         elif report.kind == READY:
             host.ready = report.data
+            host.ssh_said()  # how it connected (a warning about a known host): not the job's business
         elif report.kind == REFUSED:
             host.refused = str(report.data.get("reason", "refused"))
         elif report.kind == END:
-            host.end = report.data
+            host.end = NodeEnd.from_report(report.data)
             self.show_report(host)
-            if report.data.get("stopped_because"):
+            if host.end.stopped_because:
                 # The agent stopped its node on its own: the launcher was frozen, or its input closed.
-                say(f"host {host.plan.host}: {report.data['stopped_because']}: its workers were stopped")
+                say(f"host {host.plan.host}: {host.end.stopped_because}: its workers were stopped")
 
     def show_report(self, host: Host, fallback: bool = False) -> None:
-        """Relay ``host``'s failure report, where it has one whole, none was shown yet, and its node holds the
-        root cause (or, ``fallback``, at the job's end: any node's)."""
-        if self.report_shown or not (host.holds_root_cause or fallback):
+        """Show the job's failure report, made from ``host``'s end, where none was shown yet and its node holds
+        the root cause (or, ``fallback``, at the job's end: any node's)."""
+        run = host.end.run if host.end else None
+        if self.report_shown or run is None or not (host.holds_root_cause or fallback):
             return
-        report = host.stderr.take()
-        if report is not None:
-            self.report_shown = True
-            console(2).write(report)
+        command = host_command(host.plan)
+        self.report_shown = print_failure_report(run, command.script if command else "")
 
     def on_exit(self, host: Host) -> None:
         assert host.process
@@ -342,10 +386,25 @@ class FanOut:
             assert stream is not None
             while not stream.closed and stream.fileno() in self.selector.get_map():
                 self.read_stream(host, stream.fileno(), draining=True)
+        if host.ready is not None:
+            for line in host.ssh_said():  # ssh's words on the connection's end
+                say(f"host {host.plan.host}: {line}")
 
     def on_signal(self, number: int) -> None:
+        """A stop signal stops every host as it stops one host's workers (a second one: each agent kills its
+        node); a host not ready yet has no node, and its transport goes at once. SIGUSR1 and SIGUSR2 go to every
+        node's workers. Ctrl-Z suspends nothing: the agents would take the launcher's silence for its loss."""
+        if number in RELAYED_SIGNALS:
+            for host in self.hosts:
+                if self.go_sent and not host.gone:
+                    host.send(signal_line(number))
+            return
         if number not in self.stop_signals:
             return
+        for host in self.hosts:
+            if host.ready is None and not host.gone:
+                host.unstarted = True
+                host.kill()
         if self.signal_code is None:
             self.signal_code = 128 + number
             self.stop_all()
@@ -361,10 +420,35 @@ class FanOut:
                 host.stop_sent = True
                 host.send(stop_line())
 
+    def watch_agents(self) -> None:
+        """Give up a host whose agent is silent past its deadline: not ready within :data:`READY_TIMEOUTS`
+        host timeouts, or no word (its node's output, its heartbeat) for a host timeout once ready."""
+        now, stood_still = time.monotonic(), time.monotonic() - self.turned_at
+        self.turned_at = now
+        for host in self.hosts:
+            if host.gone or host.end is not None or host.lost is not None or host.unstarted:
+                continue
+            timeout = host.plan.host_timeout
+            if stood_still > timeout / 2:  # the launcher itself was stopped or starved: the silence was its own
+                host.heard_at, host.started_at = now, host.started_at + stood_still
+            if host.ready is None and host.refused is None and now - host.started_at > READY_TIMEOUTS * timeout:
+                host.lost = (
+                    f"not ready within {READY_TIMEOUTS * timeout:g} s (the connection, the remote interpreter's start "
+                    f"or the host's checks hang); its transport was stopped"
+                )
+            elif host.ready is not None and now - host.heard_at > timeout:
+                host.lost = (
+                    f"no heartbeat from its agent for {timeout:g} s (the agent is frozen, killed or cut off); "
+                    "its transport was stopped"
+                )
+            if host.lost is not None:
+                host.kill()
+
     def advance(self) -> None:
         """Act on what the hosts said: refusals and lost hosts stop the job; all ready starts it."""
+        self.watch_agents()
         for host in self.hosts:
-            if host.gone and host.end is None and host.plan.host not in self.failed:
+            if host.gone and host.end is None and not host.unstarted and host.plan.host not in self.failed:
                 self.failed.append(host.plan.host)
                 say(f"host {host.plan.host}: {host.cause()}")
                 self.close_stdin(host)  # an agent still there, behind a transport that died, stops its node
@@ -381,7 +465,7 @@ class FanOut:
             port = first.plan.master_port or first.ready.get("port")
             for host in self.hosts:
                 host.send(go_line(address, port))
-        ended = [host for host in self.hosts if host.end is not None and host.end.get("exit_code")]
+        ended = [host for host in self.hosts if host.end is not None and host.end.exit_code]
         if ended and self.first_failure_at is None:
             self.first_failure_at = time.monotonic()
         if self.first_failure_at is not None and time.monotonic() - self.first_failure_at > STOPPED_AFTER_FAILURE_S:
@@ -393,32 +477,21 @@ class FanOut:
         elif self.failed:
             code = LOST_EXIT_CODE
         else:
-            code = next((host.end["exit_code"] for host in self.hosts if host.end and host.end.get("exit_code")), 0)
+            code = next((host.end.exit_code for host in self.hosts if host.end and host.end.exit_code), 0)
         for host in self.hosts:  # no node said it holds the root cause: node 0's report, else the first
             self.show_report(host, fallback=True)
         root = self.root_cause() if code and self.signal_code is None and not self.failed else None
         if root is not None:
-            say(f"root cause: host {root['host']}, {root['what']}")
+            say(f"root cause: host {root.host}, rank {root.rank} (exit status {root.exit_status})")
         self.write_summary(code, root)
         return code
 
-    def root_cause(self) -> dict[str, Any] | None:
-        """The failing worker as the first host's summary that names one tells it (every node learns the root
-        cause through the rendezvous): its host (as the user named it: each node's records say so), its node
-        rank and its rank."""
-        for host in self.hosts:
-            cause = host.root_cause
-            if cause is not None and "rank" in cause:
-                what = f"rank {cause['rank']} (exit status {cause.get('exit_status')})"
-                return {
-                    "host": cause.get("host"),
-                    "node_rank": cause.get("node_rank"),
-                    "rank": cause["rank"],
-                    "what": what,
-                }
-        return None
+    def root_cause(self) -> FailureRecord | None:
+        """The failing worker as the first host's node that names one learnt it (every node learns the root
+        cause through the rendezvous): its host is as the user named it, as each node's records say."""
+        return next((host.end.failure for host in self.hosts if host.end and host.end.failure), None)
 
-    def write_summary(self, code: int, root: dict[str, Any] | None) -> None:
+    def write_summary(self, code: int, root: FailureRecord | None) -> None:
         if not self.summary_file:
             return
         result = (
@@ -433,15 +506,15 @@ class FanOut:
         record = {
             "result": result,
             "exit_code": code,
-            "root_cause": None if root is None else {key: root[key] for key in ("host", "node_rank", "rank")},
+            "root_cause": None if root is None else {"host": root.host, "node_rank": root.node_rank, "rank": root.rank},
             "hosts": [
                 {
                     "host": host.plan.host,
                     "node_rank": host.plan.node_rank,
                     "transport_exit_status": host.exit_status,
-                    "node_exit_code": None if host.end is None else host.end.get("exit_code"),
+                    "node_exit_code": None if host.end is None else host.end.exit_code,
                     "lost": host.end is None,
-                    "summary": None if host.end is None else host.end.get("summary"),
+                    "summary": None if host.end is None else host.end.record,
                 }
                 for host in self.hosts
             ],

@@ -175,7 +175,9 @@ def plan_hosts(
     for index, host in enumerate(hosts):
         shown = [] if streams_given else [f"{flag('tee')}=3"]
         if not prefix_given:
-            shown.append(f"{flag('log_line_prefix_template')}={DEFAULT_LINE_PREFIX.format(host=host)}")
+            # The template's "$" is its macros' (string.Template): one in the host's name stays a "$".
+            prefix = DEFAULT_LINE_PREFIX.format(host=host.replace("$", "$$"))
+            shown.append(f"{flag('log_line_prefix_template')}={prefix}")
         if cluster_ranks:
             # The metadata names node 0 but no port: the user's, where given, goes to every host.
             port = [] if master_port is None else [f"{flag('master_port')}={master_port}"]

@@ -6,13 +6,16 @@ Launcher to agent (the agent's stdin):
 - an empty line every ``host_timeout / 3`` seconds: the heartbeat;
 - ``go {"master_addr": ..., "master_port": ...}``: every host is ready, start the workers with node 0's
   store there;
+- ``signal {"number": N}``: pass SIGUSR1 or SIGUSR2 to the node, which passes it to its workers;
 - ``stop``: stop the workers (the usual teardown);
 - end of file: the launcher or the connection is gone, so the agent stops its workers too.
 
 Agent to launcher (its stdout): marker lines, each starting with :data:`MARKER` (ASCII's record
 separator, which no worker prints at the start of a line by chance), that the launcher keeps out of
-the relayed output: ``ready``, ``refused`` and ``end`` (:class:`AgentReport`). Every other line on
-the agent's stdout and stderr is the node's own output, relayed as it is.
+the relayed output: ``ready``, ``refused``, ``end`` (:class:`AgentReport`) and ``alive``, the
+heartbeat, sent whenever the agent said nothing for ``host_timeout / 3`` seconds: every byte on the
+agent's stdout comes through the agent, so the launcher takes any of them for a sign of its life.
+Every other line on the agent's stdout and stderr is the node's own output, relayed as it is.
 """
 
 from __future__ import annotations
@@ -22,8 +25,8 @@ from dataclasses import dataclass
 from typing import Any
 
 MARKER = b"\x1exlarun-agent "
-READY, REFUSED, END = "ready", "refused", "end"
-GO, STOP = "go", "stop"
+READY, REFUSED, END, ALIVE = "ready", "refused", "end", "alive"
+GO, SIGNAL, STOP = "go", "signal", "stop"
 HEARTBEAT = b"\n"
 HEARTBEATS_PER_TIMEOUT = 3
 """Heartbeats the launcher sends per ``--host-timeout``: two may be lost or late before an agent gives up."""
@@ -31,11 +34,13 @@ HEARTBEATS_PER_TIMEOUT = 3
 
 @dataclass(frozen=True)
 class AgentReport:
-    """A marker line from an agent: ``kind`` is :data:`READY`, :data:`REFUSED` or :data:`END`.
+    """A marker line from an agent: ``kind`` is :data:`READY`, :data:`REFUSED`, :data:`END` or :data:`ALIVE`.
 
-    ``ready``: ``{"address": the host's address as the launcher reached it, or null; "port": a port free
-    there, or null}``;
-    ``refused``: ``{"reason": one line}``; ``end``: ``{"exit_code": N, "summary": the node's summary or null}``.
+        ``ready``: ``{"address": the host's address as the launcher reached it, or null; "port": a port free
+        there, or null}``;
+        ``refused``: ``{"reason": one line}``; ``end``: ``{"exit_code": N, "summary": the node's summary or null,
+    "started": whether the node started, "stopped_because": why the agent stopped it on its own, or null}``;
+    ``alive``: ``{}``.
     """
 
     kind: str
@@ -54,7 +59,7 @@ def read_report(line: bytes) -> AgentReport | None:
         data = json.loads(body) if body else {}
     except ValueError:
         return None
-    if kind not in (READY, REFUSED, END) or not isinstance(data, dict):
+    if kind not in (READY, REFUSED, END, ALIVE) or not isinstance(data, dict):
         return None
     return AgentReport(kind, data)
 
@@ -63,22 +68,27 @@ def go_line(master_addr: str, master_port: int | None) -> bytes:
     return f"{GO} {json.dumps({'master_addr': master_addr, 'master_port': master_port})}\n".encode()
 
 
+def signal_line(number: int) -> bytes:
+    return f"{SIGNAL} {json.dumps({'number': number})}\n".encode()
+
+
 def stop_line() -> bytes:
     return f"{STOP}\n".encode()
 
 
 def read_order(line: bytes) -> tuple[str, dict[str, Any]]:
     """A line of the agent's stdin after the plan: ``("", {})`` for a heartbeat, ``("go", {...})``,
-    ``("stop", {})``; an unknown word reads as ``stop``: a launcher the agent does not understand is
+    ``("signal", {"number": N})``, ``("stop", {})``; an unknown word reads as ``stop``: a launcher the agent does not understand is
     one it cannot follow."""
     word, _, body = line.decode(errors="replace").strip().partition(" ")
     if not word:
         return "", {}
-    if word == GO:
-        try:
-            data = json.loads(body)
-        except ValueError:
-            return STOP, {}
-        if isinstance(data, dict) and isinstance(data.get("master_addr"), str):
-            return GO, data
+    try:
+        data = json.loads(body) if word in (GO, SIGNAL) else {}
+    except ValueError:
+        return STOP, {}
+    if word == GO and isinstance(data, dict) and isinstance(data.get("master_addr"), str):
+        return GO, data
+    if word == SIGNAL and isinstance(data, dict) and isinstance(data.get("number"), int):
+        return SIGNAL, data
     return STOP, {}

@@ -18,6 +18,8 @@ import shlex
 
 from xlarun.flags import AGENT_FLAG
 
+SSH = "ssh"
+
 SSH_OPTIONS = (
     "-T",
     "-o",
@@ -56,7 +58,14 @@ def transport_argv(
         ]
     config = ["-F", ssh_config] if ssh_config else []
     # "--" ends ssh's options: a host named like an option is a host.
-    return ["ssh", *SSH_OPTIONS, *config, "--", host, command]
+    return [SSH, *SSH_OPTIONS, *config, "--", host, command]
+
+
+def with_own_log(argv: list[str], path: str) -> list[str]:
+    """``argv`` with ssh's own messages (its errors, a connection's end) written to ``path`` (``ssh -E``),
+    apart from the stderr it shares with the remote command, so that the launcher can say which host they
+    are about; another transport's argv unchanged."""
+    return [SSH, "-E", path, *argv[1:]] if argv[:1] == [SSH] else argv
 
 
 def template_problem(template: str) -> str | None:

@@ -17,9 +17,10 @@ import contextlib
 import json
 import os
 import re
+import signal
 import socket
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
 from typing import Any
 
@@ -145,20 +146,42 @@ def format_report(name: str, failures: list[FailureRecord], lost: LostNode | Non
     )
 
 
+SHOWN_BY_LAUNCHER_VARIABLE = "XLARUN_REPORT_SHOWN_BY_LAUNCHER"
+"""Set (by a host's agent, for its node) where the launcher of a job on several hosts shows the failure report
+once, made from the nodes' summaries: the node prints its other lines, not the report."""
+
+
+def failure_report(end: RunEnd, script: str) -> str | None:
+    """torchrun's report of ``end``: a worker's failure, or a node lost above the failures it caused; else None."""
+    cause = end.root_cause
+    if isinstance(cause, FailureRecord):
+        return format_report(script, [cause, *end.other_failures])
+    if isinstance(cause, LostNode) and end.other_failures:
+        return format_report(script, list(end.other_failures), cause)
+    return None
+
+
+def print_failure_report(end: RunEnd, script: str) -> bool:
+    """Print :func:`failure_report` on stderr; whether ``end`` has one."""
+    report = failure_report(end, script)
+    if report is not None:
+        console(2).write((report + "\n").encode(errors="replace"))
+    return report is not None
+
+
 def print_root_cause(end: RunEnd, script: str) -> None:
     """Print on stderr why the run ended, where a worker failed or the workers hung: torchrun's report
     (and the OOM killer named, where it killed the root cause); or where the ranks stood and where
-    every thread's stack was written; or the node lost, under the failures it caused, and in one line."""
+    every thread's stack was written; or the node lost, under the failures it caused, and in one line.
+    The report itself is left to the launcher where :data:`SHOWN_BY_LAUNCHER_VARIABLE` says so."""
+    if not os.environ.get(SHOWN_BY_LAUNCHER_VARIABLE):
+        print_failure_report(end, script)
     cause = end.root_cause
     if isinstance(cause, FailureRecord):
-        console(2).write((format_report(script, [cause, *end.other_failures]) + "\n").encode(errors="replace"))
         if cause.reason == "oom_killed":
             where = f" on node {cause.node_rank}" if cause.nnodes > 1 else ""
             say(f"rank {cause.rank}{where} was killed by the kernel's OOM killer{peak_rss_note(cause.peak_rss_mib)}")
     elif isinstance(cause, LostNode):
-        if end.other_failures:
-            report = format_report(script, list(end.other_failures), cause)
-            console(2).write((report + "\n").encode(errors="replace"))
         say(cause.message)
     elif isinstance(cause, HangCause):
         from xlarun.supervision.stacks import describe_positions, rank_ranges  # loaded only when a run hangs
@@ -262,12 +285,14 @@ class RunSummary:
 def root_cause_record(cause: RootCause) -> dict[str, Any]:
     """The summary's ``root_cause``: a failure's record with its exit status and, for a signal, the
     signal's name; or a hang's ``reason``, ``message``, ``exit_status``, ``positions`` and ``stacks_files``;
-    or a lost node's ``reason`` (``node_lost``), ``node_rank``, ``host``, ``message`` and ``exit_status``."""
+    or a lost node's ``reason`` (``node_lost``), ``node_rank``, ``host``, ``silent_for``, ``message`` and
+    ``exit_status``. :func:`read_root_cause` reads it back."""
     if isinstance(cause, LostNode):
         return {
             "reason": "node_lost",
             "node_rank": cause.node_rank,
             "host": cause.host,
+            "silent_for": cause.silent_for,
             "message": cause.message,
             "exit_status": cause.exit_status,
         }
@@ -280,3 +305,39 @@ def root_cause_record(cause: RootCause) -> dict[str, Any]:
             "stacks_files": {str(rank): path for rank, path in cause.stacks_files.items()},
         }
     return {**asdict(cause), "exit_status": cause.exit_status, **({"signal": cause.signal} if cause.signal else {})}
+
+
+def read_root_cause(record: Mapping[str, Any]) -> RootCause:
+    """The root cause :func:`root_cause_record` wrote (another node's, in its summary), as the value it was
+    made from; a hang's comes back with its message only (where each rank stood stays in the record).
+    Raises ``ValueError`` for a record xlarun did not write."""
+    try:
+        if record["reason"] == "node_lost":
+            return LostNode(int(record["node_rank"]), str(record["host"]), float(record["silent_for"]))
+        if record["reason"] == "hung":
+            return HangCause(str(record["message"]), nodes=())
+        return FailureRecord(**{item.name: record[item.name] for item in fields(FailureRecord)})
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"not a root cause xlarun recorded ({error!r})") from None
+
+
+def read_run_end(record: Mapping[str, Any]) -> RunEnd:
+    """The end that :meth:`RunSummary.record` wrote (another node's summary), as the value it was made from.
+    Raises ``ValueError`` for a record xlarun did not write."""
+    try:
+        cause = record["root_cause"]
+        launcher_signal = record["launcher_signal"]
+        return RunEnd(
+            result=record["result"],
+            exit_code=int(record["exit_code"]),
+            root_cause=None if cause is None else read_root_cause(cause),
+            launcher_signal=None if launcher_signal is None else signal.Signals[launcher_signal].value,
+            error=record["error"],
+            other_failures=tuple(
+                failure
+                for failure in map(read_root_cause, record["other_failures"])
+                if isinstance(failure, FailureRecord)
+            ),
+        )
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"not a summary xlarun recorded ({error!r})") from None
