@@ -28,7 +28,6 @@ The exit code is otherwise the root cause's: the first non-zero node exit code i
 
 from __future__ import annotations
 
-import json
 import os
 import selectors
 import signal
@@ -57,7 +56,7 @@ from xlarun.remote.protocol import (
 )
 from xlarun.remote.transport import with_own_log
 from xlarun.supervision.end import RunEnd
-from xlarun.supervision.report import print_failure_report, read_run_end
+from xlarun.supervision.report import print_failure_report, read_run_end, write_summary_file
 from xlarun.supervision.signals import RELAYED_SIGNALS, SignalInbox
 
 STDERR_LINES_KEPT = 5
@@ -519,12 +518,10 @@ class FanOut:
                 for host in self.hosts
             ],
         }
-        directory = os.path.dirname(os.path.abspath(self.summary_file))
-        os.makedirs(directory, exist_ok=True)
-        temporary = f"{self.summary_file}.{os.getpid()}.tmp"
-        with open(temporary, "w") as handle:
-            json.dump(record, handle, indent=2)
-        os.replace(temporary, self.summary_file)
+        try:
+            write_summary_file(self.summary_file, record)
+        except OSError as error:
+            say(f"cannot write the summary file {self.summary_file}: {error.strerror}")
 
 
 LAUNCHER_LINE = b"xlarun: "

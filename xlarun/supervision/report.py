@@ -19,6 +19,7 @@ import os
 import re
 import signal
 import socket
+import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
@@ -256,30 +257,51 @@ class RunSummary:
     def write(
         self, path: str, end: RunEnd, events_dropped: int | None = None, facts: Mapping[str, Any] | None = None
     ) -> None:
-        """Write the record of the run that ended so whole (a reader sees the old file or the new one); a path
-        that cannot take it costs one line, not the run's exit code.
-
-        The record is written to a temporary file beside ``path``, then renamed over it. The temporary's
-        name is random and it is created only if nothing is there (``O_EXCL``, which refuses a link too):
-        in a shared directory, a link planted at a name the launcher would use could otherwise have it,
-        perhaps as root, overwrite the file the link points to. Its mode is what ``open`` would give.
-        """
-        directory, name = os.path.split(os.path.abspath(path))
-        temporary = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
+        """Write the record of the run that ended (:func:`write_summary_file`); a path that cannot take it
+        costs one line, not the run's exit code."""
         try:
-            os.makedirs(directory, exist_ok=True)
-            descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
-            try:
-                with os.fdopen(descriptor, "w") as handle:
-                    json.dump(self.record(end, events_dropped, facts), handle, indent=2)
-                    handle.write("\n")
-                os.replace(temporary, path)
-            except BaseException:
-                with contextlib.suppress(OSError):
-                    os.unlink(temporary)
-                raise
+            write_summary_file(path, self.record(end, events_dropped, facts))
         except OSError as error:
             say(f"cannot write the summary file {path}: {error.strerror}")
+
+
+def write_summary_file(path: str, record: Mapping[str, Any]) -> None:
+    """Make ``record`` (as JSON) what ``path`` holds, so whole that a reader sees the old file or the new one.
+
+    A regular file (or nothing yet) is replaced: the record goes to a temporary file beside it, renamed over
+    it. The temporary's name is random and it is created only if nothing is there (``O_EXCL``, which refuses
+    a link too): in a shared directory, a link planted at a name the launcher would use could otherwise have
+    it, perhaps as root, overwrite the file the link points to. Its mode is what ``open`` would give. Through
+    a symbolic link the file it names is replaced and the link stays; a FIFO or a device node (``/dev/null``)
+    is written in place, whole, never replaced by a file (:mod:`xlarun.supervision.sinkfiles`).
+    """
+    data = (json.dumps(record, indent=2) + "\n").encode()
+    try:
+        in_place = not stat.S_ISREG(os.stat(path).st_mode)
+    except FileNotFoundError:  # nothing there yet, or a link to nothing: the file is made
+        in_place = False
+    if in_place:
+        from xlarun.supervision.sinkfiles import open_without_waiting, write_whole
+
+        descriptor = open_without_waiting(path)
+        try:
+            write_whole(descriptor, data)
+        finally:
+            os.close(descriptor)
+        return
+    target = os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path)
+    directory, name = os.path.split(target)
+    temporary = os.path.join(directory, f".{name}.{os.urandom(8).hex()}.tmp")
+    os.makedirs(directory, exist_ok=True)
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+    try:
+        with os.fdopen(descriptor, "wb") as handle:
+            handle.write(data)
+        os.replace(temporary, target)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise
 
 
 def root_cause_record(cause: RootCause) -> dict[str, Any]:
