@@ -11,6 +11,8 @@ worker's metadata server; the workers' addresses are loopback ones, so node 0 is
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import NamedTuple
 
 import pytest
 from gcloud import StubGcloud, group_instances, pod_description, stub_gcloud
-from helpers import Run, free_port, run_xlarun
+from helpers import Run, files_exist, finish, free_port, is_alive, read_pid, run_xlarun, start_xlarun, wait_for
 from metadata import Served, serve_metadata, slice_attributes
 
 IPS = ["127.0.0.1", "127.0.0.2"]
@@ -173,3 +175,23 @@ def test_every_instance_of_a_tpu7x_slice_runs_its_node_with_the_rank_its_metadat
     ]
     for server in pod.metadata:
         assert any(path.endswith("/agent-worker-number") for path, _ in server.requests), server.requests
+
+
+def test_ctrl_c_while_gcloud_describes_the_pod_is_one_line_and_130(tmp_path: Path) -> None:
+    """A gcloud that answers slowly (a login prompt, a slow API) is interrupted as any wait of the launcher's:
+    one line, exit 130, no traceback, and the gcloud it started gone with it."""
+    bin_dir, started = tmp_path / "bin", tmp_path / "gcloud.pid"
+    bin_dir.mkdir()
+    gcloud = bin_dir / "gcloud"
+    gcloud.write_text(f"#!/bin/sh\necho $$ > {started}.tmp && mv {started}.tmp {started}\nexec sleep 600\n")
+    gcloud.chmod(0o755)
+    (tmp_path / "train.py").write_text(WORKER)
+    env = {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    launcher = start_xlarun("--tpu-pod", "pod", "--tpu-zone", ZONE, "train.py", env=env, cwd=tmp_path)
+    wait_for(files_exist(started), "the stub gcloud to start")
+    gcloud_pid = read_pid(started)
+    launcher.send_signal(signal.SIGINT)
+    ended = finish(launcher)
+    assert ended.returncode == 130, ended.stderr
+    assert "Traceback" not in ended.stderr and ended.stderr.strip().count("\n") == 0, ended.stderr
+    wait_for(lambda: not is_alive(gcloud_pid), "the interrupted gcloud to end")

@@ -367,6 +367,9 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = error.exit_code
     except click.exceptions.Abort:
         code = 130
+    except KeyboardInterrupt:  # Ctrl-C outside a launch's own signal handling (a slow gcloud, a device probe)
+        say("interrupted (SIGINT)")
+        code = 130
     except Exception as error:
         if os.environ.get("XLARUN_DEBUG"):
             raise
