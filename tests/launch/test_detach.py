@@ -22,6 +22,7 @@ from helpers import XLARUN, clean_env, is_alive, read_pid, run_xlarun, start_xla
 from xlarun.jobs.records import JobStore, LauncherProcess
 
 RELEASED = worker("until_released.py")
+STEPPING = worker("stepping.py")
 
 
 @pytest.fixture
@@ -143,6 +144,29 @@ def test_status_shows_each_rank_of_a_running_run(state: dict[str, str], out_dir:
     table = run_xlarun("--status", job_id, env=state).stdout.splitlines()
     assert table[0].startswith(f"run {job_id}: running")
     assert [line.split()[:2] for line in table[2:]] == [["0", str(pids[0])], ["1", str(pids[1])]]
+    (out_dir / "release").touch()
+    assert run_xlarun("--wait", job_id, env=state).returncode == 0
+
+
+@pytest.mark.torch_xla  # torch_xla's step log, which xlarun switches on where torch_xla is installed
+def test_status_counts_each_ranks_steps_and_marks_a_straggler(state: dict[str, str], out_dir: Path) -> None:
+    """Rank 1 steps ten times slower than ranks 0 and 2: its steps per second are below half the median."""
+    job_id = detach(
+        state, "--hang-timeout", "600", "--nproc-per-node", "3", STEPPING, str(out_dir), "0.05", "0.5", "0.05"
+    )
+    started_workers(out_dir, 3)
+
+    def ranks_with_rates() -> list[dict[str, Any]] | None:
+        ranks: list[dict[str, Any]] = json.loads(run_xlarun("--status", job_id, "--json", env=state).stdout)
+        return ranks if len(ranks) == 3 and all(rank["steps_per_s"] for rank in ranks) else None
+
+    wait_for(ranks_with_rates, "every rank's steps per second")  # each over two writes of its tally, a second apart
+    ranks = ranks_with_rates()
+    assert ranks is not None
+    assert [rank["straggler"] for rank in ranks] == [False, True, False], ranks
+    assert all(rank["steps"] > 0 for rank in ranks) and ranks[0]["steps"] > ranks[1]["steps"]
+    table = run_xlarun("--status", job_id, env=state).stdout.splitlines()
+    assert "STEPS/S" in table[1] and "(straggler)" in table[3] and "(straggler)" not in table[2] + table[4]
     (out_dir / "release").touch()
     assert run_xlarun("--wait", job_id, env=state).returncode == 0
 

@@ -39,7 +39,7 @@ from xlarun.supervision.group import GroupOutcome, Hang, WorkerGroup, WorkerResu
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.logs import make_run_log_dir, plan_attempt_logs, plan_worker_logs
 from xlarun.supervision.process import WorkerSpec
-from xlarun.supervision.relay import step_log_on
+from xlarun.supervision.relay import STEPS_FILE, step_log_on
 from xlarun.supervision.report import RunSummary, failure_of, host_name, print_root_cause, root_cause_record
 from xlarun.supervision.signals import SUSPEND_SIGNAL, SignalInbox, suspend_self
 from xlarun.supervision.watches import NoticeWatch
@@ -338,7 +338,10 @@ class Agent:
             env = {**self.environ, **variables}
             if step_log_on(variables):
                 # The step log xlarun asked for: its lines are counted, and kept out of the console and the logs.
-                logs = dataclasses.replace(logs, stderr=dataclasses.replace(logs.stderr, relay=True, step_log=True))
+                # Its count is kept beside the worker's logs, for xlarun --status.
+                steps_file = os.path.join(os.path.dirname(logs.error_file), STEPS_FILE)
+                stderr = dataclasses.replace(logs.stderr, relay=True, step_log=True, steps_file=steps_file)
+                logs = dataclasses.replace(logs, stderr=stderr)
             specs.append(
                 WorkerSpec(
                     local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank), env=env, logs=logs

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import re
 import selectors
+import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -52,6 +53,8 @@ class StreamPlan:
     matching: MatchingLines | None = None
     step_log: bool = False
     """The stream carries torch_xla's step log (:class:`StepLog`): its lines are counted and dropped."""
+    steps_file: str | None = None
+    """Where the step log's count is kept while the worker runs, for ``xlarun --status`` (:class:`StepTally`)."""
     whole_lines: bool = False
     """Unprefixed console text goes out in whole lines too, as prefixed text does."""
 
@@ -152,15 +155,57 @@ STEP_MARK = b"torch_xla."
 _STEP_LINE = re.compile(rb"^(?:" + rb"|".join(re.escape(line) for line in STEP_LINES) + rb")", re.MULTILINE)
 
 
+STEPS_FILE = "steps"
+"""The name of a worker's :class:`StepTally`, beside its logs and its stack-dump file."""
+
+
+class StepTally:
+    """A worker's step count, kept in a file for ``xlarun --status`` to read while the run goes on.
+
+    One line, ``STEPS TIME BASE_STEPS BASE_TIME`` (Unix seconds): the count now and the count about
+    :data:`RATE_WINDOW_S` seconds before, whose difference over the time between is the worker's recent
+    steps per second. Written at most once every :data:`WRITE_EVERY_S` seconds, each time whole (a temporary
+    file renamed over it), so a fast step log costs a write a second and a reader never sees part of one;
+    a file that cannot be written costs the count, never the run.
+    """
+
+    WRITE_EVERY_S = 1.0
+    RATE_WINDOW_S = 30.0
+
+    def __init__(self, path: str):
+        self.path = path
+        self._samples: deque[tuple[float, int]] = deque()
+        self._written_at = 0.0
+
+    def record(self, steps: int) -> None:
+        now = time.time()
+        if now - self._written_at < self.WRITE_EVERY_S:
+            return
+        self._written_at = now
+        self._samples.append((now, steps))
+        while len(self._samples) > 1 and now - self._samples[0][0] > self.RATE_WINDOW_S:
+            self._samples.popleft()
+        base_time, base_steps = self._samples[0]
+        temporary = f"{self.path}.tmp"
+        try:
+            with open(temporary, "w") as handle:
+                handle.write(f"{steps} {now:.3f} {base_steps} {base_time:.3f}\n")
+            os.replace(temporary, self.path)
+        except OSError:
+            pass
+
+
 class StepLog:
     """Takes torch_xla's step-log lines out of a stream and counts them.
 
     Each line is printed whole, in one write, at the start of a line; the rest of the stream passes
     unchanged. An unended tail that could still become a step line waits for the next bytes.
+    ``tally``: where the count is kept while the worker runs, if anywhere.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, tally: StepTally | None = None) -> None:
         self.steps = 0
+        self._tally = tally
         self._held = b""
         self._at_line_start = True
 
@@ -184,6 +229,8 @@ class StepLog:
                 return text
         rest, steps = _STEP_LINE.subn(b"", text[first:])
         self.steps += steps
+        if steps and self._tally is not None:
+            self._tally.record(self.steps)
         return text[:first] + rest
 
     def close(self) -> bytes:
@@ -213,7 +260,7 @@ class StreamRelay:
         self._after_carriage_return = False
         """The console's last piece ended with ``\r``: a ``\n`` that comes next ends that line (``\r\n``)."""
         self.tail: deque[bytes] = deque(maxlen=TAIL_LINES)
-        self.step_log = StepLog() if plan.step_log else None
+        self.step_log = StepLog(StepTally(plan.steps_file) if plan.steps_file else None) if plan.step_log else None
 
     @property
     def paused(self) -> bool:
