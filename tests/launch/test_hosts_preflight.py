@@ -36,7 +36,9 @@ def job(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def run_job(job: Path, *flags: object, script: str = "train.py") -> tuple[int, list[str]]:
+def run_job(
+    job: Path, *flags: object, script: str = "train.py", env: dict[str, str] | None = None
+) -> tuple[int, list[str]]:
     result = run_xlarun(
         "--hosts",
         "h1,h2",
@@ -51,6 +53,7 @@ def run_job(job: Path, *flags: object, script: str = "train.py") -> tuple[int, l
         job / "out",
         cwd=job / "work",
         timeout=120,
+        env=env,
     )
     return result.returncode, result.stderr.splitlines()
 
@@ -85,6 +88,40 @@ def test_a_missing_script_is_one_line_per_host(job: Path) -> None:
         f"xlarun: host h2: training script not found: missing.py in {job / 'work'}",
     ], lines
     assert started(job) == []
+
+
+def test_a_detached_job_returns_once_its_hosts_passed_their_checks_and_fails_as_the_foreground_where_not(
+    job: Path,
+) -> None:
+    """``--detach`` of a job on several hosts checks every host before it returns, as the foreground does."""
+    state = {"XLARUN_STATE_DIR": str(job / "state")}
+    code, lines = run_job(job, "--detach", script="missing.py", env=state)
+    assert code == 1
+    assert sorted(line for line in lines if line.startswith("xlarun: host ")) == [
+        f"xlarun: host h1: training script not found: missing.py in {job / 'work'}",
+        f"xlarun: host h2: training script not found: missing.py in {job / 'work'}",
+    ], lines
+    assert started(job) == []
+    result = run_xlarun(
+        "--detach",
+        "--hosts",
+        "h1,h2",
+        "--rsh",
+        shim(job / "roots"),
+        "--master-addr",
+        "127.0.0.1",
+        "--nproc-per-node",
+        "1",
+        "train.py",
+        job / "out",
+        cwd=job / "work",
+        env=state,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    waited = run_xlarun("--wait", result.stdout.strip(), env=state, timeout=120)
+    assert waited.returncode == 0, waited.stderr
+    assert started(job) == ["started-0", "started-1"]
 
 
 @pytest.fixture

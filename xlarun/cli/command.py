@@ -20,7 +20,14 @@ import click
 from click.shell_completion import CompletionItem, get_completion_class
 
 from xlarun import __version__
-from xlarun.cli.jobs import DETACHED_RUN_FLAG, record_end, record_start, run_verb, verb_request
+from xlarun.cli.jobs import (
+    DETACHED_RUN_FLAG,
+    record_end,
+    record_start,
+    run_verb,
+    take_started_announcer,
+    verb_request,
+)
 from xlarun.cli.options import ENV_SEPARATOR, OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
 from xlarun.console import flush_consoles, say
 from xlarun.contract import LAUNCHED_MARKER
@@ -331,6 +338,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     hold_standard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
     record: str | None = None
+    on_started: Callable[[], None] | None = None
     """The record of the run this launcher runs detached (``--detach`` started it), where it does."""
     try:
         if args == [AGENT_FLAG]:
@@ -340,6 +348,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args[:1] == [DETACHED_RUN_FLAG] and len(args) > 1:
             record, args = args[1], args[2:]
             record_start(record)
+            on_started = take_started_announcer(os.environ)
         if args and args[0].startswith(STACKS_NAME):  # the stacks' module loads only where they may be asked for
             from xlarun.cli.stacks import print_stacks, stacks_request
 
@@ -353,7 +362,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = (
             0
             if command_line is None
-            else launch_from_command_line(*command_line, os.environ, detached=record is not None)
+            else launch_from_command_line(*command_line, os.environ, detached=record is not None, on_started=on_started)
         )
     except UsageError as error:
         say(f"error: {error}")

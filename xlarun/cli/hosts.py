@@ -13,7 +13,7 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from xlarun import __version__
 from xlarun.cli.options import OPTIONS_BY_DEST, OptionValues
@@ -118,8 +118,11 @@ def launch_hosts(
     script: str | None,
     script_args: tuple[str, ...],
     environ: Mapping[str, str],
+    *,
+    on_started: Callable[[], None] | None = None,
 ) -> int:
-    """Run the job on every host (or print, for each, the transport's argv and the plan); the exit code."""
+    """Run the job on every host (or print, for each, the transport's argv and the plan); the exit code.
+    ``on_started``: called once every host is ready and told to start."""
     plans, argvs, remote_python = plan_job(values, given, script, script_args, environ)
     reached_addresses = not (values["tpu_pod"] or values["rsh"])
     if values["dry_run"]:
@@ -142,4 +145,5 @@ def launch_hosts(
         reached_addresses=reached_addresses,
         summary_file=values["summary_file"],
         stop_signals=values["signals_to_handle"].signals,
+        on_started=on_started,
     ).run()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
     from xlarun.cli.library import LaunchResult
     from xlarun.jobs.records import Job, JobStore
 
+STARTED_FD_VARIABLE = "XLARUN_DETACHED_STARTED_FD"
+"""Given only to the detached launcher of a job on several hosts: the pipe on which it says that every host
+passed its checks and was told to start, which ``--detach`` waits for (:func:`take_started_announcer`)."""
 DETACHED_RUN_FLAG = "--detached-run"
 """The detached launcher's first argument, followed by its record's directory (never typed by a user)."""
 VERBS: Mapping[str, tuple[bool, tuple[str, ...]]] = {
@@ -163,8 +166,10 @@ def start_detached(
     environ: Mapping[str, str],
     *,
     on_hosts: bool = False,
+    started_fd: int | None = None,
 ) -> tuple[Job, subprocess.Popen[bytes]]:
     """Record the run and start its launcher in a session of its own; the caller has checked the launch.
+    ``started_fd``: the write end of the pipe on which the launcher says its hosts are ready, if it is to.
 
     The run's summary file and (on one host) its event log go to its record where the command line
     names none: how the run ended and ``--status`` read them there.
@@ -213,7 +218,8 @@ def start_detached(
             stdout=console,
             stderr=console,
             start_new_session=True,
-            env=dict(environ),
+            env={**environ, STARTED_FD_VARIABLE: str(started_fd)} if started_fd is not None else dict(environ),
+            pass_fds=() if started_fd is None else (started_fd,),
         )
     finally:
         os.close(console)
@@ -230,12 +236,52 @@ def detach(
     *,
     on_hosts: bool = False,
 ) -> int:
-    """``--detach``: start the run to leave, print its id on stdout and how to come back to it on stderr."""
-    job, _ = start_detached(values, given, script, script_args, environ, on_hosts=on_hosts)
+    """``--detach``: start the run to leave, print its id on stdout and how to come back to it on stderr.
+
+    A job on several hosts returns once every host passed the checks a foreground run makes before anything
+    starts (the working directory, the script, a busy device): one that fails them ends the run, and the
+    caller with the run's code (1) and its lines, as in the foreground. One host's checks are made here.
+    """
+    if not on_hosts:
+        job, _ = start_detached(values, given, script, script_args, environ)
+    else:
+        read_end, write_end = os.pipe()
+        try:
+            job, process = start_detached(
+                values, given, script, script_args, environ, on_hosts=True, started_fd=write_end
+            )
+        finally:
+            os.close(write_end)
+        with os.fdopen(read_end, "rb") as started:
+            ready = started.read(1)  # a byte once the hosts are told to start; nothing if the launcher ended first
+        if not ready:
+            code = process.wait()
+            with open(job.console, errors="replace") as console:
+                sys.stderr.write(console.read())
+            return code or 1
     sys.stdout.write(job.id + "\n")
     say(f"run {job.id} started in the background: xlarun --logs {job.id} --follow shows its output,")
     say(f"xlarun --wait {job.id} waits for its end (and exits with its code), xlarun --stop {job.id} stops it")
     return 0
+
+
+def take_started_announcer(environ: MutableMapping[str, str]) -> Callable[[], None] | None:
+    """What a detached launcher of several hosts calls once they are ready (:data:`STARTED_FD_VARIABLE`, taken
+    out of ``environ`` so that it travels nowhere), or None for any other launcher."""
+    text = environ.pop(STARTED_FD_VARIABLE, None)
+    if text is None or not text.isdigit():
+        return None
+    fd = int(text)
+    os.set_inheritable(fd, False)
+
+    def announce() -> None:
+        try:
+            os.write(fd, b"1")
+            os.close(fd)
+        except OSError:  # the caller is gone: nobody waits
+            pass
+
+    return announce
 
 
 def record_start(directory: str) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
@@ -42,9 +42,11 @@ def launch_from_command_line(
     environ: Mapping[str, str],
     *,
     detached: bool = False,
+    on_started: Callable[[], None] | None = None,
 ) -> int:
     """Run the launch the command line describes (or print its plan, or start it in the background with
-    ``--detach``); returns the exit code. ``detached``: this is the launcher a ``--detach`` started."""
+    ``--detach``); returns the exit code. ``detached``: this is the launcher a ``--detach`` started;
+    ``on_started``: what it calls once every host of a job on several hosts is ready."""
     # Workers get the environment as it was when the launcher started, whatever it sets for itself.
     environ = dict(environ)
     values = read_options(given, environ)
@@ -56,7 +58,7 @@ def launch_from_command_line(
             return detach(values, given, require_script(script), script_args, environ, on_hosts=True)
         from xlarun.cli.hosts import launch_hosts
 
-        return launch_hosts(values, given, script, script_args, environ)
+        return launch_hosts(values, given, script, script_args, environ, on_started=on_started)
     prepared = plan_launch(values, script, script_args, environ)
     if prepared.config.dry_run:
         return print_plan(prepared, environ)

@@ -34,7 +34,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -202,16 +202,19 @@ class FanOut:
         reached_addresses: bool = True,
         summary_file: str | None = None,
         stop_signals: Sequence[int] = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT),
+        on_started: Callable[[], None] | None = None,
     ):
         """``master_addr``: the user's ``--master-addr``; without it node 0 is found where ssh reached the
         first host (its ``ready``; ``reached_addresses`` False for another transport, whose agents may inherit
         an unrelated ``SSH_CONNECTION``), else by the first host's name. ``stop_signals``: ``--signals-to-handle``,
-        which stop every host as they stop one host's workers; SIGUSR1 and SIGUSR2 go to every host's workers."""
+        which stop every host as they stop one host's workers; SIGUSR1 and SIGUSR2 go to every host's workers.
+        ``on_started``: called once, when every host is ready and told to start (``--detach`` returns then)."""
         self.hosts = [Host(plan, argv, remote_python) for plan, argv in zip(plans, argvs, strict=True)]
         self.master_addr = master_addr
         self.reached_addresses = reached_addresses
         self.stop_signals = tuple(stop_signals)
         self.summary_file = summary_file
+        self.on_started = on_started
         self.selector = selectors.DefaultSelector()
         self.signal_code: int | None = None
         self.failed: list[str] = []
@@ -464,6 +467,8 @@ class FanOut:
             port = first.plan.master_port or first.ready.get("port")
             for host in self.hosts:
                 host.send(go_line(address, port))
+            if self.on_started is not None:
+                self.on_started()
         ended = [host for host in self.hosts if host.end is not None and host.end.exit_code]
         if ended and self.first_failure_at is None:
             self.first_failure_at = time.monotonic()
