@@ -45,7 +45,6 @@ ONE_NODE_CPU_LAUNCH = [
     "xlarun.flags",
     "xlarun.host",
     "xlarun.host.devices",
-    "xlarun.host.holders",
     "xlarun.host.oom",
     "xlarun.host.ports",
     "xlarun.host.procfs",

@@ -14,10 +14,9 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import click
-from click.shell_completion import CompletionItem, get_completion_class
 
 from xlarun import __version__
 from xlarun.cli.jobs import (
@@ -34,6 +33,9 @@ from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import AGENT_FLAG, STACKS_NAME, flag
 from xlarun.host.devices import HOST_ROOT_VARIABLE
+
+if TYPE_CHECKING:
+    from click.shell_completion import CompletionItem
 
 HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"
@@ -149,6 +151,8 @@ def complete_value(option: Option) -> Callable[[click.Context, click.Parameter, 
     """What the shell offers for the option's value: its choices, or files for a path."""
 
     def complete(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+        from click.shell_completion import CompletionItem  # only a shell asking for completions loads it
+
         if option.metavar == "PATH":
             return [CompletionItem(incomplete, type="file")]
         return [CompletionItem(value) for value in option.choices if value.startswith(incomplete)]
@@ -158,6 +162,8 @@ def complete_value(option: Option) -> Callable[[click.Context, click.Parameter, 
 
 def complete_files(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
     """The training script and its arguments: the shell's own file completion."""
+    from click.shell_completion import CompletionItem
+
     return [CompletionItem(incomplete, type="file")]
 
 
@@ -199,6 +205,8 @@ def print_completion(ctx: click.Context, param: click.Parameter, shell: str | No
     if shell == "tcsh":
         click.echo(tcsh_completion())
     else:
+        from click.shell_completion import get_completion_class
+
         completion = get_completion_class(shell)
         assert completion is not None  # click has bash and zsh
         click.echo(completion(ctx.command, {}, PROGRAM, COMPLETE_VARIABLE).source())

@@ -19,7 +19,7 @@ from xlarun.config import LaunchConfig, Topology
 from xlarun.console import console, say
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
-from xlarun.host.holders import busy_device_holders, busy_device_refusal, describe_holder
+from xlarun.host.devices import device_files, host_root
 from xlarun.host.ports import free_port, is_local_address, taken_here
 from xlarun.host.programs import program_problem
 from xlarun.planning.device import DevicePlan
@@ -250,7 +250,12 @@ def choose_rendezvous(config: LaunchConfig, device: DevicePlan, environ: Mapping
 def refuse_busy_device(device: str, environ: Mapping[str, str]) -> None:
     """Stop before anything starts when other processes hold the device (an earlier run's workers,
     typically): the runtime would fail later, deep inside, without naming them."""
-    holders = busy_device_holders(device, environ)
+    files = device_files(device, host_root(environ))
+    if not files:
+        return  # nothing to hold (a CPU), or no such device here: the scan's module is not loaded
+    from xlarun.host.holders import busy_device_refusal, describe_holder, find_holders
+
+    holders = find_holders(files)
     if holders:
         for holder in holders:
             say(describe_holder(holder))

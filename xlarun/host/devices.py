@@ -49,6 +49,15 @@ when running trn2 with one physical core per logical core."""
 NEURON_DEVICE_NAME = re.compile(r"^neuron\d+$")
 NVIDIA_DEVICE_NAME = re.compile(r"^nvidia\d+$")
 
+DEVICE_FILES: Mapping[str, tuple[tuple[str, re.Pattern[str]], ...]] = {
+    # A VFIO group node per chip; /dev/vfio/vfio is the container node every VFIO user shares.
+    "tpu": (("dev", re.compile(r"^accel\d+$")), ("dev/vfio", re.compile(r"^(noiommu-)?\d+$"))),
+    "neuron": (("dev", NEURON_DEVICE_NAME),),
+    # One node per GPU; nvidiactl, nvidia-uvm and nvidia-modeset are opened by every CUDA program.
+    "cuda": (("dev", NVIDIA_DEVICE_NAME),),
+}
+"""Per device: (directory under the host root, pattern of the device files' names in it)."""
+
 
 def host_root(environ: Mapping[str, str]) -> str:
     """The directory under which this host's ``/sys``, ``/dev`` and ``/proc`` are read.
@@ -142,6 +151,22 @@ def list_dir(path: str) -> list[str]:
 
 def _under(root: str, *parts: str) -> str:
     return os.path.join(root, *parts)
+
+
+def device_files(device: str, root: str = "/") -> set[str]:
+    """The device files of ``device`` that exist on this host, as fd links name them.
+
+    Empty for a device without files to hold (cpu, xpu) and on a host without the device:
+    then nothing needs scanning.
+    """
+    found: set[str] = set()
+    for directory, pattern in DEVICE_FILES.get(device, ()):
+        path = os.path.join(root, directory)
+        for name in list_dir(path):
+            if pattern.match(name):
+                # fd links show the path the file was opened by, with symlinks resolved.
+                found.add(os.path.realpath(os.path.join(path, name)))
+    return found
 
 
 def tpu_chip_device_ids(root: str = "/") -> list[str]:

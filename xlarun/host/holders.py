@@ -20,23 +20,13 @@ ordinary files, and a real process that holds one open shows its real path in it
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from xlarun.flags import flag
-from xlarun.host.devices import NEURON_DEVICE_NAME, NVIDIA_DEVICE_NAME, host_root, list_dir
+from xlarun.host.devices import device_files, host_root
 from xlarun.host.procfs import CLOCK_TICKS, started_environ, stat_fields
-
-DEVICE_FILES: Mapping[str, tuple[tuple[str, re.Pattern[str]], ...]] = {
-    # A VFIO group node per chip; /dev/vfio/vfio is the container node every VFIO user shares.
-    "tpu": (("dev", re.compile(r"^accel\d+$")), ("dev/vfio", re.compile(r"^(noiommu-)?\d+$"))),
-    "neuron": (("dev", NEURON_DEVICE_NAME),),
-    # One node per GPU; nvidiactl, nvidia-uvm and nvidia-modeset are opened by every CUDA program.
-    "cuda": (("dev", NVIDIA_DEVICE_NAME),),
-}
-"""Per device: (directory under the host root, pattern of the device files' names in it)."""
 
 SHARED_BY_DESIGN = ("nvidia-persistenced", "nv-hostengine")
 """Daemons that keep GPUs open on purpose (persistence mode, DCGM) and never stop a run.
@@ -76,22 +66,6 @@ class Holder:
             "run_id": self.run_id,
             "stop": self.stop_command,
         }
-
-
-def device_files(device: str, root: str = "/") -> set[str]:
-    """The device files of ``device`` that exist on this host, as fd links name them.
-
-    Empty for a device without files to hold (cpu, xpu) and on a host without the device:
-    then nothing needs scanning.
-    """
-    found: set[str] = set()
-    for directory, pattern in DEVICE_FILES.get(device, ()):
-        path = os.path.join(root, directory)
-        for name in list_dir(path):
-            if pattern.match(name):
-                # fd links show the path the file was opened by, with symlinks resolved.
-                found.add(os.path.realpath(os.path.join(path, name)))
-    return found
 
 
 def busy_device_holders(device: str, environ: Mapping[str, str]) -> list[Holder]:

@@ -63,10 +63,21 @@ def address_facing(host: str, port: int) -> str:
         return socket.getfqdn()
 
 
+def resolver_name(host: str) -> str | bytes:
+    """``host`` as :func:`socket.getaddrinfo` takes it: the same bytes its IDNA codec would give for an
+    ASCII name whose labels the codec accepts (addresses, ``localhost``), so that a launch loads no
+    codec (``encodings.idna`` with ``stringprep`` and ``unicodedata``); any other name as it is, for the
+    codec to encode or refuse."""
+    labels = host.split(".")
+    if host.isascii() and all(0 < len(label) < 64 for label in labels[:-1]) and len(labels[-1]) < 64:
+        return host.encode("ascii")
+    return host
+
+
 def is_local_address(host: str) -> bool:
     """True when ``host`` names this machine (loopback, or an address a socket can bind here)."""
     try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(resolver_name(host), None, type=socket.SOCK_STREAM)
     except socket.gaierror:
         return False
     for family, _, _, _, address in infos:
@@ -86,7 +97,7 @@ def port_in_use(host: str, port: int) -> str | None:
     kernel's reason (an unknown name, an address not on this machine, a privileged port).
     """
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(resolver_name(host), port, type=socket.SOCK_STREAM)
     except socket.gaierror as error:
         return f"cannot resolve {host}: {error.strerror}"
     family, _, _, _, address = infos[0]

@@ -143,6 +143,10 @@ class NodeStacks:
 
 
 class Rendezvous(Protocol):
+    waits: bool
+    """Whether :meth:`assign` and :meth:`finish_attempt` may block on other nodes: the agent then waits for them
+    where a stop signal still reaches it. One node's never do."""
+
     def assign(self, attempt: int, nproc_per_node: int) -> NodeAssignment:
         """Meet the other nodes for the next attempt and return this node's place in the world.
 
@@ -192,6 +196,8 @@ class FixedRendezvous:
     ``worker_ports`` each attempt gets ports picked free on every address of this host, one per
     worker (:attr:`~xlarun.ranks.NodeAssignment.worker_ports`); the job starts at the first attempt.
     """
+
+    waits = False
 
     def __init__(self, run_id: str, master_addr: str, master_port: int, worker_ports: bool = False):
         self._run_id = run_id

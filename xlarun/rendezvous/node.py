@@ -91,6 +91,8 @@ class NodeRendezvous:
     (:class:`~xlarun.rendezvous.joining.NodePlan`).
     """
 
+    waits = True
+
     def __init__(
         self,
         config: LaunchConfig,

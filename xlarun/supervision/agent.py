@@ -161,7 +161,9 @@ class Agent:
             began = time.monotonic()
             self.events.emit("rendezvous.started", attempt, round=attempt)
             try:
-                node = wait_interruptibly(inbox, self.rendezvous.assign, attempt, self.config.nproc_per_node)
+                node = wait_interruptibly(
+                    inbox, self.rendezvous.waits, self.rendezvous.assign, attempt, self.config.nproc_per_node
+                )
             except JobEnded as ended:
                 say(str(ended))
                 return RunEnd.not_needed()
@@ -199,7 +201,9 @@ class Agent:
             self._summary.add_attempt(attempt, outcome.results, self.rendezvous.attempt_record())
             if outcome.launcher_signal is not None:
                 return self._stopped_by_signal(outcome.launcher_signal)
-            attempt_end = wait_interruptibly(inbox, self.rendezvous.finish_attempt, outcome.succeeded)
+            attempt_end = wait_interruptibly(
+                inbox, self.rendezvous.waits, self.rendezvous.finish_attempt, outcome.succeeded
+            )
             if isinstance(attempt_end, Interrupted):
                 return self._stopped_by_signal(attempt_end.signal_number, "while waiting for the other nodes")
             if attempt_end.succeeded:
@@ -416,11 +420,17 @@ class Interrupted:
     signal_number: int
 
 
-def wait_interruptibly(inbox: SignalInbox, call: Callable[..., T], *args: Any) -> T | Interrupted:
-    """Run a blocking rendezvous step in a helper thread so a stop signal still ends the launcher.
+def wait_interruptibly(inbox: SignalInbox, waits: bool, call: Callable[..., T], *args: Any) -> T | Interrupted:
+    """Run a rendezvous step so a stop signal still ends the launcher: one that ``waits`` for other nodes in a
+    helper thread, watched with the signals; one that never does (a single node's) here, its signals read
+    once it returned, without a thread to start.
 
     SIGUSR1/SIGUSR2 have no workers to go to here and are dropped.
     """
+    if not waits:
+        value = call(*args)
+        stop = stop_received(inbox)
+        return value if stop is None else Interrupted(stop)
     box: dict[str, Any] = {}
     done_read, done_write = os.pipe()
 
@@ -443,12 +453,9 @@ def wait_interruptibly(inbox: SignalInbox, call: Callable[..., T], *args: Any) -
             selector.register(inbox.fd, selectors.EVENT_READ)
             while True:
                 selector.select()
-                received = inbox.drain()
-                if SUSPEND_SIGNAL in received:
-                    suspend_self()  # no workers to take along
-                stops = [number for number in received if number in inbox.stop_signals]
-                if stops:
-                    return Interrupted(stops[0])
+                stop = stop_received(inbox)
+                if stop is not None:
+                    return Interrupted(stop)
                 if "value" in box or "error" in box:
                     break
     finally:
@@ -456,6 +463,15 @@ def wait_interruptibly(inbox: SignalInbox, call: Callable[..., T], *args: Any) -
     if "error" in box:
         raise box["error"]
     return box["value"]
+
+
+def stop_received(inbox: SignalInbox) -> int | None:
+    """The first stop signal the inbox got, if any; Ctrl-Z suspends the launcher (no workers to take along)."""
+    received = inbox.drain()
+    if SUSPEND_SIGNAL in received:
+        suspend_self()
+    stops = [number for number in received if number in inbox.stop_signals]
+    return stops[0] if stops else None
 
 
 def describe(failure: FailureRecord) -> str:

@@ -272,10 +272,11 @@ class WorkerGroup:
         self._selector.register(inbox.fd, selectors.EVENT_READ, lambda: self._on_signals(inbox.drain()))
         self._selector.register(self._stop_requests.fd, selectors.EVENT_READ, self._on_stop_request)
         try:
-            if self._guard is not None:
-                self._guard.wait_ready()
             for watch in self._watches:
                 watch.start(self)
+            # Only now, once the watches are set, does the first worker need the guard: it got ready meanwhile.
+            if self._guard is not None:
+                self._guard.wait_ready()
             for spec in self._specs:
                 self._start(spec)
                 if self._stopping is not None:

@@ -19,7 +19,6 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Mapping
-from string import Template
 
 from xlarun.config import STDERR, STDOUT, LaunchConfig
 from xlarun.contract import stacks_file
@@ -57,6 +56,8 @@ def line_prefix(config: LaunchConfig, rank: int, local_rank: int) -> bytes:
     """torchrun's prefix: the template's macros substituted (``${hostname}`` is the short host name, as
     torchrun 2.14's), else ``[{role}{local_rank}]:``."""
     if config.log_line_prefix_template:
+        from string import Template  # only a run given a template loads it
+
         text = Template(config.log_line_prefix_template).safe_substitute(
             role_name=config.role, rank=rank, local_rank=local_rank, hostname=socket.gethostname()
         )
