@@ -55,3 +55,18 @@ class Seconds:
         if self.zero_allowed:
             return f"expected a number of seconds from 0 to {MAX_SECONDS} ({MAX_DAYS} days)"
         return f"expected a positive number of seconds up to {MAX_SECONDS} ({MAX_DAYS} days)"
+
+
+def format_age(seconds: float) -> str:
+    """``45s``, ``3m12s``, ``5h07m``, ``2d04h``: two units at most."""
+    whole = max(0, int(seconds))
+    days, rest = divmod(whole, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    if days:
+        return f"{days}d{hours:02d}h"
+    if hours:
+        return f"{hours}h{minutes:02d}m"
+    if minutes:
+        return f"{minutes}m{secs:02d}s"
+    return f"{secs}s"

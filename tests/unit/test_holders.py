@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 from helpers import TESTS
 
-from xlarun.host.holders import Holder, busy_device_holders, device_files, find_holders, format_age
+from xlarun.durations import format_age
+from xlarun.host.holders import Holder, busy_device_holders, device_files, find_holders
 
 HOSTS_DIR = TESTS / "fixtures" / "hosts"
 

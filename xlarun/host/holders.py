@@ -24,6 +24,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from xlarun.durations import format_age
 from xlarun.flags import flag
 from xlarun.host.devices import device_files, host_root
 from xlarun.host.procfs import CLOCK_TICKS, started_environ, stat_fields
@@ -141,21 +142,6 @@ def _age(proc: str, started_ticks: int) -> float:
     except (OSError, ValueError, IndexError):
         return 0.0
     return max(0.0, uptime - started_ticks / CLOCK_TICKS)
-
-
-def format_age(seconds: float) -> str:
-    """``45s``, ``3m12s``, ``5h07m``, ``2d04h``: two units at most."""
-    whole = int(seconds)
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
 
 
 def describe_holder(holder: Holder) -> str:

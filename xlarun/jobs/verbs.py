@@ -20,6 +20,7 @@ from datetime import datetime
 from typing import BinaryIO
 
 from xlarun.console import say
+from xlarun.durations import format_age
 from xlarun.jobs.records import Job, JobStore
 
 FOLLOW_INTERVAL_S = 0.2
@@ -158,7 +159,7 @@ def list_jobs(store: JobStore, as_json: bool) -> int:
                 job.state,
                 "" if job.exit_code is None else str(job.exit_code),
                 datetime.fromtimestamp(job.started).strftime("%Y-%m-%d %H:%M:%S"),
-                "" if ended is None else duration(ended - job.started),
+                "" if ended is None else format_age(ended - job.started),
                 " ".join(job.command),
             )
         )
@@ -178,18 +179,3 @@ def prune(store: JobStore) -> int:
     removed = store.remove_finished()
     say(f"removed {len(removed)} run{'s' if len(removed) != 1 else ''} that ended")
     return 0
-
-
-def duration(seconds: float) -> str:
-    """``42s``, ``3m07s``, ``2h05m``, ``3d04h``."""
-    whole = max(0, int(seconds))
-    days, rest = divmod(whole, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, secs = divmod(rest, 60)
-    if days:
-        return f"{days}d{hours:02d}h"
-    if hours:
-        return f"{hours}h{minutes:02d}m"
-    if minutes:
-        return f"{minutes}m{secs:02d}s"
-    return f"{secs}s"
