@@ -19,7 +19,6 @@ import os
 import re
 import signal
 import socket
-import stat
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime
@@ -276,18 +275,9 @@ def write_summary_file(path: str, record: Mapping[str, Any]) -> None:
     is written in place, whole, never replaced by a file (:mod:`xlarun.supervision.sinkfiles`).
     """
     data = (json.dumps(record, indent=2) + "\n").encode()
-    try:
-        in_place = not stat.S_ISREG(os.stat(path).st_mode)
-    except FileNotFoundError:  # nothing there yet, or a link to nothing: the file is made
-        in_place = False
-    if in_place:
-        from xlarun.supervision.sinkfiles import open_without_waiting, write_whole
+    from xlarun.supervision.sinkfiles import written_in_place  # a FIFO's or a device's ways, seldom wanted
 
-        descriptor = open_without_waiting(path)
-        try:
-            write_whole(descriptor, data)
-        finally:
-            os.close(descriptor)
+    if written_in_place(path, data):
         return
     target = os.path.realpath(path) if os.path.islink(path) else os.path.abspath(path)
     directory, name = os.path.split(target)

@@ -110,6 +110,23 @@ def _hold_until_it_fits(fd: int, size: int) -> None:
         os.close(reads)
 
 
+def written_in_place(path: str, data: bytes) -> bool:
+    """Write ``data`` whole into ``path`` where it is a FIFO or a device node (each call opening it anew, so
+    that a FIFO's reader reads one content to its end), and say so; False where ``path`` is a regular file,
+    a link to one, or nothing yet: a file the caller replaces."""
+    try:
+        if stat.S_ISREG(os.stat(path).st_mode):
+            return False
+    except FileNotFoundError:  # nothing there yet, or a link to nothing: the file is made
+        return False
+    fd = open_without_waiting(path)
+    try:
+        write_whole(fd, data)
+    finally:
+        os.close(fd)
+    return True
+
+
 def replace_whole(path: str, data: bytes) -> None:
     """Make ``data`` what ``path`` holds, so that a reader reads the old content or the new, never part.
 
@@ -121,16 +138,7 @@ def replace_whole(path: str, data: bytes) -> None:
     file). A FIFO or a device node is written in place, whole (:func:`write_whole`), each call opening it
     anew, so that a FIFO's reader reads one content to its end.
     """
-    try:
-        in_place = not stat.S_ISREG(os.stat(path).st_mode)
-    except FileNotFoundError:  # nothing there yet, or a link to nothing: the file is made
-        in_place = False
-    if in_place:
-        fd = open_without_waiting(path)
-        try:
-            write_whole(fd, data)
-        finally:
-            os.close(fd)
+    if written_in_place(path, data):
         return
     target = path
     if os.path.islink(path):
