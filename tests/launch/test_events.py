@@ -239,6 +239,7 @@ def test_the_dry_run_names_the_files_the_run_would_write(tmp_path: Path) -> None
         "event_log": str(log),
         "summary_file": str(summary_file),
         "metrics_textfile": str(metrics),
+        "compile_cache": None,
     }
     assert not log.exists() and not metrics.exists()
     assert plan("--nproc-per-node", 1, DUMP_ENV)["files"]["event_log"] is None

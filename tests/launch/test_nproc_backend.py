@@ -37,7 +37,11 @@ def backend_env(tmp_path: Path) -> dict[str, str]:
     metadata.mkdir()
     (metadata / "METADATA").write_text("Metadata-Version: 2.1\nName: foodev\nVersion: 1.0\n")
     (metadata / "entry_points.txt").write_text("[torch.backends]\nfoodev = foodev:load\n")
-    return {"PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    # Loaded as torch loads every device backend, which a stack may have switched off for its other tests.
+    return {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")])),
+        "TORCH_DEVICE_BACKEND_AUTOLOAD": "1",
+    }
 
 
 def test_the_backends_name_counts_its_devices_as_under_torchrun(backend_env: dict[str, str], tmp_path: Path) -> None:
