@@ -209,7 +209,7 @@ def test_the_newest_runs_that_ended_are_kept_and_running_ones_always(store: JobS
 
 
 def test_help_names_every_verb() -> None:
-    from xlarun.cli.command import epilog
+    from xlarun.cli.click_command import epilog
     from xlarun.cli.jobs import VERBS
 
     assert all(f"xlarun {verb}" in epilog() for verb in VERBS)

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from helpers import prepare
 
-from xlarun.cli.command import tcsh_completion
+from xlarun.cli.click_command import tcsh_completion
 from xlarun.cli.options import OPTIONS, read_options
 from xlarun.config import SignalList
 from xlarun.exceptions import PlanError

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from importlib.metadata import entry_points
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes import NATIVE_RUNTIMES
@@ -50,7 +49,10 @@ torch_xla bundles its own."""
 def device_backend_packages() -> list[str]:
     """The installed packages that give torch a device backend when it is imported: their ``torch.backends``
     entry points (torch_tpu's ``torch_tpu._loader:load``), which torch's autoload loads. Read from the
-    packages' metadata, without importing torch."""
+    packages' metadata, without importing torch. Only a ``--nproc-per-node`` word that names no device asks, so
+    ``importlib.metadata`` is imported here, not on every launch's path."""
+    from importlib.metadata import entry_points
+
     return [entry.name for entry in entry_points(group="torch.backends")]
 
 
