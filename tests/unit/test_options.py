@@ -8,6 +8,7 @@ them for real to show that a refusal starts nothing.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -17,9 +18,11 @@ from pathlib import Path
 import pytest
 from helpers import TESTS, prepare, refusal
 
+from xlarun.cli.click_command import parse_with_click
 from xlarun.cli.command import parse_command_line, split_command_line
 from xlarun.cli.options import OPTIONS, OPTIONS_BY_DEST, TORCHRUN, read_options
 from xlarun.config import NprocRequest
+from xlarun.exceptions import UsageError
 
 # (launcher flags before the script, PET_* or other variables, text the error line must hold)
 BAD_INPUTS = {
@@ -252,6 +255,35 @@ def test_the_scheduler_takes_the_place_of_variables_and_defaults_but_not_of_flag
 )
 def test_split_follows_argparse(argv: list[str], expected: tuple[list[str], str, list[str]]) -> None:
     assert split_command_line(argv) == expected
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["--nproc_per_n=2", "--standalone", "t.py", "--lr", "3"],
+        ["--nproc-per-node", "2", "--nproc_per_node=4", "t.py"],  # the last one given counts
+        ["-r3", "-t", "1", "-m", "pkg.train"],
+        ["--env", "A=1", "--env=B=2", "--env", "", "t.py"],  # a repeatable flag keeps every value
+        ["--rdzv-id=", "--rdzv_id", "-h", "--", "t.py", "--", "x"],  # a value that looks like a flag
+        ["--standalone", "--standalone"],
+        [],
+    ],
+)
+def test_a_launch_reads_its_options_as_click_reads_them(argv: list[str]) -> None:
+    """A plain launch's command line is read without click; click, which answers --help, reads it alike."""
+    assert parse_command_line(argv) == parse_with_click(*split_command_line(argv))
+
+
+@pytest.mark.parametrize(
+    "argv, said",
+    [
+        (["--standalone=1", "t.py"], "Option '--standalone' does not take a value."),
+        (["-mx", "t.py"], "No such option '-x'."),
+    ],
+)
+def test_what_only_click_refuses_is_refused_in_its_words(argv: list[str], said: str) -> None:
+    with pytest.raises(UsageError, match=re.escape(said)):
+        parse_command_line(argv)
 
 
 def test_worker_count_is_resolved_once_into_the_config() -> None:
