@@ -286,6 +286,15 @@ def test_a_hang_another_node_found_takes_the_stacks_and_stops_without_telling_ag
     assert [worker.signals for worker in workers] == [[signal.SIGTERM], [signal.SIGTERM]]
 
 
+def test_a_worker_that_ended_before_a_stop_was_asked_failed_on_its_own() -> None:
+    """The exit and the stop request reach the loop in one batch, the request first (it was sent
+    before the worker started): the exit is still read first, as the failure it was."""
+    outcome, (peer, _) = run_group({1: {"exit_code": 3}}, before_run=lambda group: group.request_stop("node 1 failed"))
+    assert [result.local_rank for result in outcome.failures] == [1]
+    assert [result.returncode for result in outcome.results] == [-signal.SIGTERM, 3]
+    assert peer.signals == [signal.SIGTERM]
+
+
 def test_without_a_timeout_a_silent_group_runs_on() -> None:
     timers: list[threading.Timer] = []
 

@@ -45,6 +45,7 @@ import errno
 import functools
 import os
 import resource
+import select
 import selectors
 import signal
 import time
@@ -487,6 +488,10 @@ class WorkerGroup:
         requests = self._stop_requests.receive()
         if not requests:
             return
+        # A worker that ended before the stop was asked failed on its own, whichever event the batch holds first.
+        waiting = {worker.pidfd: worker for worker in self._workers if worker.pidfd is not None}
+        for pidfd in readable_now(list(waiting)):
+            self._on_worker_exit(waiting[pidfd])
         hung = next((request.reason for request in requests if request.hung), None)
         if hung is not None and self._stopping is None:
             self._hangs.found_elsewhere(hung)
@@ -519,6 +524,14 @@ class WorkerGroup:
 MAX_WAIT_S = 3600.0
 """The longest one wait of the loop lasts: a longer one (a grace or a hang timeout of years, or
 infinite) ends in as many waits as it takes, as ``select`` takes no more than about 24 days."""
+
+
+def readable_now(fds: Sequence[int]) -> list[int]:
+    """Those of ``fds`` readable at this instant (a pidfd is once its process has ended)."""
+    poller = select.poll()
+    for fd in fds:
+        poller.register(fd, select.POLLIN)
+    return [fd for fd, _ in poller.poll(0)]
 
 
 def bounded_wait(seconds: float | None) -> float | None:
