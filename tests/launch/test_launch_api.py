@@ -379,25 +379,46 @@ def test_a_job_on_several_hosts_lists_every_failed_worker_with_its_host(tmp_path
     got = run_caller(
         tmp_path,
         """
+        import signal
+        import threading
         import time
 
         hosts = {"hosts": ["127.0.0.2", "127.0.0.3"], "rsh": "env -i PATH=/usr/bin:/bin sh -c {command}",
                  "nproc_per_node": 2, "device": "cpu", "remote_python": sys.executable}
-        failing = ("1", "3")  # one rank on each host
+        failing = (1, 3)  # one rank on each host
 
         def fail_on_one_and_three():
-            if os.environ["RANK"] not in failing:
+            rank = int(os.environ["RANK"])
+            if rank not in failing:
                 time.sleep(120)
-            # Both exit at one instant, so each host sees its own rank fail before it hears of the other.
-            with open(f"at-{os.environ['RANK']}.tmp", "w") as handle:
-                handle.write(str(time.time()))
-            os.rename(f"at-{os.environ['RANK']}.tmp", f"at-{os.environ['RANK']}")
-            while not all(os.path.exists(f"at-{rank}") for rank in failing):
+            with open(f"ready-{rank}.tmp", "w") as handle:
+                handle.write(f"{os.getpid()} {os.getppid()}")
+            os.rename(f"ready-{rank}.tmp", f"ready-{rank}")
+            while not os.path.exists("go"):
                 time.sleep(0.01)
-            at = max(float(open(f"at-{rank}").read()) for rank in failing) + 1
-            time.sleep(max(0.0, at - time.time()))
             os._exit(5)
 
+        def state(pid):
+            with open(f"/proc/{pid}/stat") as stat:
+                return stat.read().rsplit(")", 1)[1].split()[0]
+
+        def fail_both_before_either_node_hears():
+            # Each node's launcher is stopped while its worker fails, so each sees its own worker's
+            # failure before it can hear of the other's, however slowly either worker runs.
+            while not all(os.path.exists(f"ready-{rank}") for rank in failing):
+                time.sleep(0.01)
+            pids = [[int(pid) for pid in open(f"ready-{rank}").read().split()] for rank in failing]
+            for _, node in pids:
+                os.kill(node, signal.SIGSTOP)
+            while not all(state(node) == "T" for _, node in pids):
+                time.sleep(0.01)
+            open("go", "w").close()
+            while not all(state(worker) == "Z" for worker, _ in pids):  # unreaped: their launchers are stopped
+                time.sleep(0.01)
+            for _, node in pids:
+                os.kill(node, signal.SIGCONT)
+
+        threading.Thread(target=fail_both_before_either_node_hears, daemon=True).start()
         try:
             xlarun.launch(fail_on_one_and_three, **hosts)
         except xlarun.WorkerFailed as error:
