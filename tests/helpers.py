@@ -26,14 +26,18 @@ their workers with the same ``sys.executable``.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import random
 import re
+import select
 import signal
 import socket
+import statistics
 import subprocess
 import sys
+import termios
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -57,6 +61,8 @@ TORCHRUN = [PYTHON, "-m", "torch.distributed.run"]
 # Safety nets only: a healthy run of these tiny workers ends long before.
 RUN_TIMEOUT_S = 120
 WAIT_TIMEOUT_S = 60
+# `python -c pass` (bytecode cached) on the unloaded 2-core machine the suite's few duration bounds were written on.
+REFERENCE_START_S = 0.010
 
 # What a launcher reads or sets; a value inherited from the test runner would change the run.
 LAUNCHER_VARIABLES = (
@@ -281,6 +287,25 @@ def wait_for(check: Callable[[], object], what: str, timeout: float = WAIT_TIMEO
         if time.monotonic() > deadline:
             pytest.fail(f"gave up waiting for {what}")
         time.sleep(0.02)
+
+
+def slack_s(seconds: float) -> float:
+    """``seconds`` of slack as they were on the reference machine, scaled by how many times slower this one starts
+    an interpreter now (never less): the floor a duration bound is measured against, taken in the same run, so a
+    bound that holds on an idle machine holds on one several times slower or beside a CPU hog."""
+    starts = []
+    for _ in range(5):
+        began = time.monotonic()
+        subprocess.run([PYTHON, "-c", "pass"], check=True)
+        starts.append(time.monotonic() - began)
+    return seconds * max(1.0, statistics.median(starts) / REFERENCE_START_S)
+
+
+def pipe_is_full(read_fd: int) -> Callable[[], bool]:
+    """Whether the pipe read at ``read_fd`` has no room for another atomic write (``PIPE_BUF`` bytes), so that its
+    writers wait in their writes (or, writing without blocking, are refused)."""
+    room = fcntl.fcntl(read_fd, fcntl.F_GETPIPE_SZ) - select.PIPE_BUF
+    return lambda: int.from_bytes(fcntl.ioctl(read_fd, termios.FIONREAD, bytes(4)), sys.byteorder) > room
 
 
 def files_exist(*paths: os.PathLike | str) -> Callable[[], bool]:

@@ -15,7 +15,7 @@ from typing import Any
 
 import psutil
 import pytest
-from helpers import finish, plan, run_xlarun, wait_for, worker
+from helpers import finish, plan, run_xlarun, slack_s, wait_for, worker
 from multinode import Nodes, listeners, static
 
 DUMP_ENV = worker("dump_env.py")
@@ -159,7 +159,9 @@ def test_a_log_that_takes_nothing_costs_events_not_the_run(tmp_path: Path, out_d
     args = ("--max-restarts", 1, "--nproc-per-node", 2, FAIL_ATTEMPTS)
     (out_dir / "plain").mkdir()
     (out_dir / "logged").mkdir()
+    started = time.monotonic()
     plain = run_xlarun("--summary-file", plain_summary, *args, out_dir / "plain", 1)
+    plain_took = time.monotonic() - started
     started = time.monotonic()
     run = run_xlarun("--event-log", log, "--summary-file", summary_file, *args, out_dir / "logged", 1)
     took = time.monotonic() - started
@@ -175,7 +177,7 @@ def test_a_log_that_takes_nothing_costs_events_not_the_run(tmp_path: Path, out_d
     assert exit_codes(summary) == exit_codes(plain_record)
     [said] = [line for line in run.stderr.splitlines() if "dropped" in line]
     assert said.startswith(f"xlarun: the event log {log}: ") and " events dropped (" in said, run.stderr
-    assert took < 30, f"{took:.1f} s"
+    assert took < plain_took + slack_s(10), f"{took:.1f} s, {plain_took:.1f} s without the log"
     if where == "fifo":
         assert stat.S_ISFIFO(os.stat(log).st_mode)  # still the FIFO: nothing replaced it with a file
 
@@ -211,7 +213,7 @@ def test_a_lost_node_is_an_event_on_node_0_within_the_heartbeat_timeout(
     node0 = events(logs[0])
     [lost] = [event for event in node0 if event["name"] == "node.lost"]
     assert lost["node_rank"] == 0 and lost["attributes"]["node_rank"] == 1, lost
-    assert datetime.fromisoformat(lost["time"]).timestamp() - killed < 3 + 2, lost
+    assert datetime.fromisoformat(lost["time"]).timestamp() - killed < 3 + slack_s(2), lost
     finished = node0[-1]
     assert finished["name"] == "launch.finished"
     assert finished["attributes"]["root_cause"]["reason"] == "node_lost"

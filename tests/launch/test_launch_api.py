@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, TESTS, clean_env, is_alive, wait_for
+from helpers import REPO, TESTS, clean_env, is_alive, slack_s, wait_for
 
 CALLER_TIMEOUT_S = 120
 
@@ -478,8 +478,8 @@ def test_an_interrupt_stops_every_worker_and_the_next_launch_works(tmp_path: Pat
     try:
         caller.send_signal(signal.SIGINT)
         interrupted = time.monotonic()
-        wait_for(lambda: not any(is_alive(pid) for pid in workers), "the workers to end", timeout=2)
-        assert time.monotonic() - interrupted < 2
+        wait_for(lambda: not any(is_alive(pid) for pid in workers), "the workers to end")
+        assert time.monotonic() - interrupted < slack_s(2)
         out, err = caller.communicate(timeout=CALLER_TIMEOUT_S)
     finally:
         if caller.poll() is None:
@@ -553,7 +553,9 @@ def test_a_second_interrupt_skips_the_grace(tmp_path: Path) -> None:
         time.sleep(1)
         assert all(is_alive(pid) for pid in workers)  # the signals ignored: the grace period runs
         caller.send_signal(signal.SIGINT)
-        wait_for(lambda: not any(is_alive(pid) for pid in workers), "the workers to end", timeout=2)
+        again = time.monotonic()
+        wait_for(lambda: not any(is_alive(pid) for pid in workers), "the workers to end")
+        assert time.monotonic() - again < slack_s(2)  # not the 60 s of grace
         out, err = caller.communicate(timeout=CALLER_TIMEOUT_S)
     finally:
         if caller.poll() is None:
@@ -566,7 +568,7 @@ def test_a_killed_caller_leaves_no_worker(tmp_path: Path) -> None:
     caller, workers = start_sleepers(tmp_path)
     caller.kill()
     caller.communicate(timeout=CALLER_TIMEOUT_S)
-    wait_for(lambda: not any(is_alive(pid) for pid in workers), "the orphan guard to end the workers", timeout=5)
+    wait_for(lambda: not any(is_alive(pid) for pid in workers), "the orphan guard to end the workers")
 
 
 def test_a_caller_that_holds_the_device_is_named(tmp_path: Path) -> None:

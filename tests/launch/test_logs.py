@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import RUN_TIMEOUT_S, XLARUN, clean_env, run_torchrun, run_xlarun, worker
+from helpers import RUN_TIMEOUT_S, XLARUN, clean_env, pipe_is_full, run_torchrun, run_xlarun, wait_for, worker
 
 WORKER_LINE = re.compile(r"r\d (out|err) \d+|last words|dying breath")
 
@@ -252,8 +252,8 @@ def test_a_console_that_does_not_keep_up_is_waited_for_without_spinning(tmp_path
             chunk = os.read(read_fd, 64)
             assert chunk, "the launcher ended before any worker line"
             received += chunk
-        # The workers write far more than the pipe holds: the launcher now waits on a full console.
-        time.sleep(1.0)
+        # The workers write far more than the pipe holds: the launcher waits on a full console.
+        wait_for(pipe_is_full(read_fd), "the workers' lines to fill the console")
         process = psutil.Process(launcher.pid)
         before = process.cpu_times()
         time.sleep(2.0)

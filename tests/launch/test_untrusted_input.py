@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import PYTHON, Run, is_alive, kill_all, launcher_frames, read_pid, run_command, run_xlarun, worker
+from helpers import PYTHON, Run, is_alive, kill_all, launcher_frames, read_pid, run_command, run_xlarun, slack_s, worker
 from multinode import HOST, Nodes, lines, static
 
 from xlarun.supervision.report import MAX_QUOTED_BYTES
@@ -188,5 +188,5 @@ def test_a_store_that_is_not_there_is_given_up_at_the_join_timeout(out_dir: Path
     assert waited is not None, line
     assert int(waited.group(1)) == 3
     # The launcher's own start (torch's import) takes a second or two of this on a busy machine.
-    assert elapsed < 3 + 5, f"gave up after {elapsed:.1f} s"
+    assert elapsed < 3 + slack_s(5), f"gave up after {elapsed:.1f} s"
     assert list(out_dir.iterdir()) == []

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import REPO, wait_for
+from helpers import REPO, slack_s, wait_for
 
 from xlarun.supervision.eventlog import JsonLinesSink, line_of
 from xlarun.supervision.events import NO_EVENTS, QUEUE_SIZE, Event, EventBus, trace_id_of
@@ -81,7 +81,7 @@ def test_a_stuck_sink_never_blocks_emit_nor_another_sink_and_close_keeps_its_dea
     bus.close(0.3)
     closing = time.monotonic() - started
     stuck.release.set()
-    assert emitted < 1.0 and closing < 1.0
+    assert emitted < slack_s(1) and closing < 0.3 + slack_s(0.7)
     assert [event.attributes["rank"] for event in healthy.events] == list(range(QUEUE_SIZE))
     # Every event the stuck sink did not finish is counted, the one it hangs in too.
     assert [(sink, count) for sink, count, _ in bus.drops()] == [(stuck, QUEUE_SIZE)]
@@ -93,7 +93,7 @@ def test_past_a_full_queue_events_are_dropped_not_waited_for() -> None:
     started = time.monotonic()
     for number in range(QUEUE_SIZE + 100):
         bus.emit("worker.started", 0, rank=number)
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < slack_s(1)
     bus.close(0.1)
     stuck.release.set()
     assert bus.dropped == QUEUE_SIZE + 100
@@ -200,7 +200,7 @@ def test_a_fifo_nobody_reads_is_opened_without_waiting_and_each_event_fails_fast
     sink = JsonLinesSink.open(str(path))
     with pytest.raises(OSError, match="no reader"):
         sink.handle(event(rank=0))
-    assert time.monotonic() - started < 1.0
+    assert time.monotonic() - started < slack_s(1)
 
 
 def test_a_path_that_can_never_take_the_log_is_refused_at_open(tmp_path: Path) -> None:

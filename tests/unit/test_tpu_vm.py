@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import TESTS, prepare, refusal
+from helpers import TESTS, prepare, refusal, slack_s
 from metadata import HANGING_NAME, PREFIX, Behaviour, hanging_lookup, serve_metadata, slice_attributes
 
 from xlarun.exceptions import UsageError
@@ -259,7 +259,7 @@ def test_a_server_that_misbehaves_is_one_reason_within_the_deadline(behaviour: B
             instance_attributes(TPU_VM_ATTRIBUTES, {"GCE_METADATA_HOST": served.host}, deadline_s=0.5)
         took = time.monotonic() - started
     assert str(failed.value) == f"the metadata server at {served.host} {message}"
-    assert took < 2, took
+    assert took < 0.5 + slack_s(1.5), took
     assert [path for path, _ in served.requests] == [PREFIX + "agent-worker-number"]
 
 
@@ -273,7 +273,7 @@ def test_a_name_whose_lookup_never_ends_is_one_reason_within_the_deadline(
             instance_attributes(TPU_VM_ATTRIBUTES, {"GCE_METADATA_HOST": f"{HANGING_NAME}:8080"}, deadline_s=0.5)
         took = time.monotonic() - started
     assert str(failed.value) == f"the metadata server's name {HANGING_NAME} did not resolve within 0.5 s"
-    assert took < 2, took
+    assert took < 0.5 + slack_s(1.5), took
 
 
 def test_the_name_is_looked_up_once_for_all_attributes(monkeypatch: pytest.MonkeyPatch) -> None:
