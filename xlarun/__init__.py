@@ -2,7 +2,7 @@
 
 The package imports no torch: the launcher starts without it, and the worker-side
 helpers (:mod:`xlarun.worker`: ``init_process_group``, ...) import torch and torch_xla
-only when called. :func:`launch` (the command's launch from Python, :mod:`xlarun.cli.library`)
+only when called. :func:`launch` (the command's launch from Python, :mod:`xlarun.launching.library`)
 loads the launcher on first use.
 """
 
@@ -14,7 +14,7 @@ __version__ = "0.1.0"
 
 _WORKER_NAMES = ("SplitWorldError", "init_process_group", "is_launched")
 _LAUNCH_NAMES = ("launch", "LaunchResult", "WorkerFailed", "job")
-"""The launcher from Python (:mod:`xlarun.cli.library`)."""
+"""The launcher from Python (:mod:`xlarun.launching.library`)."""
 
 
 def __getattr__(name: str) -> Any:
@@ -24,7 +24,7 @@ def __getattr__(name: str) -> Any:
 
         return getattr(worker, name)
     if name in _LAUNCH_NAMES:
-        from xlarun.cli import library
+        from xlarun.launching import library
 
         return getattr(library, name)
     raise AttributeError(f"module 'xlarun' has no attribute {name!r}")

@@ -14,6 +14,12 @@ def flag(dest: str) -> str:
 
 
 STACKS_NAME = "--stacks"
-"""The word that makes ``xlarun`` print a running launch's stacks (:mod:`xlarun.cli.stacks`) instead of launching."""
+"""The word that makes ``xlarun`` print a running launch's stacks (:mod:`xlarun.launching.stacks`) instead of
+launching."""
 AGENT_FLAG = "--agent-stdin"
 """The hidden flag that makes ``python -m xlarun`` a host's agent, reading its plan on stdin."""
+DETACHED_RUN_FLAG = "--detached-run"
+"""The hidden flag that makes ``python -m xlarun`` the launcher of a run ``--detach`` started
+(:mod:`xlarun.launching.detach`), followed by its record's directory (never typed by a user)."""
+PROGRAM = "xlarun"
+"""The command's name, as ``--help``, the shell completion and a run's record spell it."""

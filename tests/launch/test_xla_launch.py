@@ -517,5 +517,5 @@ def test_auto_device_and_nproc_from_the_host_without_importing_torch(host, devic
         for line in result.stderr.splitlines()
         if line.startswith("import time:") and "|" in line
     ]
-    assert "xlarun.cli.launch" in imported
+    assert "xlarun.launching.node" in imported
     assert [name for name in imported if re.match(r"torch(_xla)?(\.|$)", name)] == []

@@ -127,7 +127,7 @@ def test_a_launch_without_an_event_log_loads_no_sink() -> None:
         [
             sys.executable,
             "-c",
-            "import sys, xlarun.cli.launch\n"
+            "import sys, xlarun.launching.node\n"
             "print(*sorted(m for m in sys.modules if m.startswith('xlarun.supervision')))",
         ],
         capture_output=True,

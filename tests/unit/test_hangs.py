@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from xlarun.cli.stacks import stacks_request
+from xlarun.cli.options import stacks_request
 from xlarun.contract import HOOK_DIRECTORY, STACKS_SIGNAL, STACKS_VARIABLE, hook_variables
 from xlarun.exceptions import UsageError
 from xlarun.host import oom

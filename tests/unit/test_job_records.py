@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from xlarun.cli.jobs import VerbRequest, redacted_command, verb_request
+from xlarun.cli.options import VerbRequest, verb_request
 from xlarun.exceptions import UsageError
 from xlarun.jobs.records import (
     END_FILE,
@@ -22,6 +22,7 @@ from xlarun.jobs.records import (
     state_dir,
     write_atomically,
 )
+from xlarun.launching.detach import redacted_command
 
 
 @pytest.fixture
@@ -210,6 +211,6 @@ def test_the_newest_runs_that_ended_are_kept_and_running_ones_always(store: JobS
 
 def test_help_names_every_verb() -> None:
     from xlarun.cli.click_command import epilog
-    from xlarun.cli.jobs import VERBS
+    from xlarun.cli.options import VERBS
 
     assert all(f"xlarun {verb}" in epilog() for verb in VERBS)

@@ -1,10 +1,11 @@
 """The package's layers only look down, and the supervision layer stays small.
 
-Each module belongs to a layer: its subpackage (``cli``, ``planning``, ``supervision``,
-``rendezvous``, ``runtimes``, ``host``, ``worker``, ``remote``, ``jobs``), or ``leaf`` for the shared modules directly
-under ``xlarun/``. :data:`MAY_IMPORT` says which layers each one may import; every ``import``
-in the package, at any depth (inside functions and ``TYPE_CHECKING`` blocks too), is checked
-against it.
+Each module belongs to a layer: its subpackage (``cli``, ``launching``, ``planning``, ``supervision``,
+``rendezvous``, ``runtimes``, ``host``, ``worker``, ``remote``, ``jobs``), ``options`` for the option table
+(``xlarun.cli.options``, which the launching layer reads as the command does), ``api`` for the package itself,
+or ``leaf`` for the shared modules directly under ``xlarun/``. :data:`MAY_IMPORT` says which layers each one may
+import; every ``import`` in the package, at any depth (inside functions and ``TYPE_CHECKING`` blocks too), is
+checked against it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from pathlib import Path
 from helpers import REPO
 
 PACKAGE = REPO / "xlarun"
-LAYERS = ("cli", "jobs", "remote", "planning", "supervision", "rendezvous", "runtimes", "host", "worker")
+LAYERS = ("cli", "launching", "jobs", "remote", "planning", "supervision", "rendezvous", "runtimes", "host", "worker")
+OPTION_TABLE = "xlarun.cli.options"
 MAY_IMPORT = {
     "leaf": {"leaf"},
     "host": {"leaf", "host"},
@@ -34,8 +36,11 @@ MAY_IMPORT = {
     "remote": {"api", "leaf", "host", "planning", "supervision", "remote"},
     # The runs to leave: their records, and the verbs, which find a run's workers as --stacks does.
     "jobs": {"leaf", "host", "rendezvous", "supervision", "jobs"},
-    # xlarun.launch() (cli.library) reads back the files its worker module (worker.call) leaves.
-    "cli": {
+    # The option table's rows name what the layers below allow (devices, runtimes, worker counts, ports); its
+    # parsers read Slurm host lists (planning.hostlist), --rsh templates and --env files (remote).
+    "options": {"leaf", "host", "runtimes", "planning", "remote"},
+    # xlarun.launch() (launching.library) reads back the files its worker module (worker.call) leaves.
+    "launching": {
         "api",
         "leaf",
         "host",
@@ -46,10 +51,13 @@ MAY_IMPORT = {
         "remote",
         "worker",
         "jobs",
-        "cli",
+        "options",
+        "launching",
     },
+    # --version (the package's), a host's agent (remote.agent), the variables --help names (host, jobs.records).
+    "cli": {"api", "leaf", "host", "remote", "jobs", "options", "launching", "cli"},
     # The package itself: xlarun.record, and the worker helpers and xlarun.launch() loaded on first use.
-    "api": {"leaf", "worker", "cli"},
+    "api": {"leaf", "worker", "launching"},
 }
 
 
@@ -64,6 +72,8 @@ def layer_of(module: str) -> str:
         return "api"
     if parts[1] == "__main__":
         return "cli"
+    if module == OPTION_TABLE:
+        return "options"
     return parts[1] if parts[1] in LAYERS else "leaf"
 
 
@@ -107,7 +117,7 @@ def test_an_upward_import_is_found(tmp_path: Path) -> None:
     (tmp_path / "xlarun" / "cli" / "options.py").write_text("")
     leaf = (PACKAGE / "flags.py").read_text() + "\nfrom xlarun.cli import options\n"
     (tmp_path / "xlarun" / "flags.py").write_text(leaf)
-    assert upward_imports(tmp_path / "xlarun") == ["xlarun.flags (leaf) imports xlarun.cli.options (cli)"]
+    assert upward_imports(tmp_path / "xlarun") == ["xlarun.flags (leaf) imports xlarun.cli.options (options)"]
 
 
 def test_at_most_a_dozen_modules_sit_directly_under_the_package() -> None:
@@ -128,7 +138,11 @@ def test_the_worker_group_loads_neither_the_option_table_nor_a_runtime() -> None
     ).stdout.split()
     assert "xlarun.supervision.group" in loaded
     assert len(loaded) <= 12, loaded
-    assert [name for name in loaded if name.startswith(("xlarun.cli", "xlarun.runtimes", "xlarun.planning"))] == []
+    assert [
+        name
+        for name in loaded
+        if name.startswith(("xlarun.cli", "xlarun.launching", "xlarun.runtimes", "xlarun.planning"))
+    ] == []
 
 
 def test_the_worker_group_stays_a_loop_over_workers() -> None:
@@ -162,7 +176,11 @@ def test_a_worker_loads_no_planning_module() -> None:
         cwd=REPO,
     ).stdout.split()
     assert "xlarun.worker" in loaded and "xlarun.contract" in loaded
-    assert [name for name in loaded if name.startswith(("xlarun.planning", "xlarun.cli", "xlarun.supervision"))] == []
+    assert [
+        name
+        for name in loaded
+        if name.startswith(("xlarun.planning", "xlarun.cli", "xlarun.launching", "xlarun.supervision"))
+    ] == []
 
 
 FLAG_CALL = re.compile(r"\bflag\(['\"]([a-z_]+)['\"]\)")

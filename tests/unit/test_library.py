@@ -12,9 +12,9 @@ import sys
 import pytest
 from helpers import REPO
 
-from xlarun.cli.library import describe_failure, given_options, importable_by_name, is_descriptor
 from xlarun.cli.options import read_options
 from xlarun.failures import FailureRecord
+from xlarun.launching.library import describe_failure, given_options, importable_by_name, is_descriptor
 
 
 def test_options_are_the_command_lines_text() -> None:
@@ -79,9 +79,10 @@ def test_a_stream_object_is_no_descriptor() -> None:
 def test_importing_xlarun_loads_no_launcher_until_launch_is_touched() -> None:
     code = (
         "import sys, xlarun\n"
-        "before = sorted(m for m in sys.modules if m.startswith(('xlarun.cli', 'xlarun.supervision')))\n"
+        "before = sorted(m for m in sys.modules\n"
+        "                if m.startswith(('xlarun.cli', 'xlarun.launching', 'xlarun.supervision')))\n"
         "xlarun.launch\n"
-        "print(before, 'xlarun.cli.library' in sys.modules, 'torch' in sys.modules)"
+        "print(before, 'xlarun.launching.library' in sys.modules, 'torch' in sys.modules)"
     )
     loaded = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO

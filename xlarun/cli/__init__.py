@@ -1,4 +1,4 @@
-"""The command line: the command (:mod:`~xlarun.cli.command`; its click command, :mod:`~xlarun.cli.click_command`, for ``--help`` and completion), the option table
-(:mod:`~xlarun.cli.options`), and the glue that hands the options read to planning
-(:func:`xlarun.planning.plan.plan_launch`) and runs or prints the plan (:mod:`~xlarun.cli.launch`).
-Nothing below this layer imports it."""
+"""The command line: the click command (:mod:`~xlarun.cli.click_command`, for ``--help``, ``--version`` and
+completion), the parser (:mod:`~xlarun.cli.command`, which reads a launch's options without click and hands
+them to :mod:`xlarun.launching`) and the option table (:mod:`~xlarun.cli.options`). Nothing below this layer
+imports it but the option table, which the launching layer reads."""

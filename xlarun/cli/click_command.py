@@ -20,14 +20,13 @@ from xlarun.cli.command import (
     COMPLETION_NAMES,
     COMPLETION_SHELLS,
     HELP_NAMES,
-    PROGRAM,
     VERSION_NAME,
     CommandLine,
 )
 from xlarun.cli.options import ENV_SEPARATOR, OPTIONS, OPTIONS_BY_DEST, XLARUN, Option
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import UsageError
-from xlarun.flags import flag
+from xlarun.flags import PROGRAM, flag
 from xlarun.host.devices import HOST_ROOT_VARIABLE
 
 if TYPE_CHECKING:

@@ -15,18 +15,10 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from xlarun.cli.jobs import (
-    DETACHED_RUN_FLAG,
-    record_end,
-    record_start,
-    run_verb,
-    take_started_announcer,
-    verb_request,
-)
-from xlarun.cli.options import ENV_SEPARATOR, OPTIONS
+from xlarun.cli.options import ENV_SEPARATOR, OPTIONS, stacks_request, verb_request
 from xlarun.console import flush_consoles, say
 from xlarun.exceptions import LaunchError, UsageError
-from xlarun.flags import AGENT_FLAG, STACKS_NAME
+from xlarun.flags import AGENT_FLAG, DETACHED_RUN_FLAG
 
 HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"
@@ -35,7 +27,6 @@ COMPLETION_SHELLS = ("bash", "zsh", "tcsh")
 """torchrun's shells (2.14, through shtab); bash and zsh come from click, tcsh from :func:`~xlarun.cli.click_command.tcsh_completion`."""
 COMPLETE_VARIABLE = "_XLARUN_COMPLETE"
 """The variable through which click's completion scripts ask the command for completions."""
-PROGRAM = "xlarun"
 
 
 def split_command_line(argv: Sequence[str]) -> tuple[list[str], str | None, list[str]]:
@@ -156,7 +147,7 @@ def given_by_dest(options: Sequence[str]) -> dict[str, str | None] | None:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """Console entry point: exits with the run's code (see the exit code table in docs/results.md)."""
-    from xlarun.cli.launch import launch_from_command_line
+    from xlarun.launching.node import launch_from_command_line
 
     hold_standard_streams()
     args = list(sys.argv[1:] if argv is None else argv)
@@ -169,17 +160,20 @@ def main(argv: Sequence[str] | None = None) -> None:
 
             finish(run_agent())
         if args[:1] == [DETACHED_RUN_FLAG] and len(args) > 1:
+            from xlarun.launching.detach import record_start, take_started_announcer
+
             record, args = args[1], args[2:]
             record_start(record)
             on_started = take_started_announcer(os.environ)
-        if args and args[0].startswith(STACKS_NAME):  # the stacks' module loads only where they may be asked for
-            from xlarun.cli.stacks import print_stacks, stacks_request
+        wanted, launcher = stacks_request(args)
+        if wanted:
+            from xlarun.launching.stacks import print_stacks
 
-            wanted, launcher = stacks_request(args)
-            if wanted:
-                finish(print_stacks(launcher))
+            finish(print_stacks(launcher))
         verb = verb_request(args)
         if verb is not None:
+            from xlarun.launching.detach import run_verb
+
             finish(run_verb(verb, os.environ))
         command_line = parse_command_line(args)
         code = (
@@ -206,6 +200,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         say(f"internal error: {type(error).__name__}: {error} (set XLARUN_DEBUG=1 for the traceback)")
         code = 1
     if record is not None:
+        from xlarun.launching.detach import record_end
+
         record_end(record, code)
     finish(code)
 

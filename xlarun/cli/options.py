@@ -14,13 +14,19 @@ Usage::
 
 Under ``--cluster`` the scheduler's values take the place of those the command line left out
 (:meth:`OptionValues.with_scheduler`), and name it as their source.
+
+The words that ask for something other than a launch are read here too, before the options:
+``--stacks [PID]`` (:func:`stacks_request`) and the verbs of runs left running (:data:`VERBS`,
+:func:`verb_request`): ``--jobs [--json] [--prune]``, ``--logs ID [--follow]``, ``--attach ID``,
+``--stop ID``, ``--wait ID``, ``--status ID [--json]``, an id shortened to any prefix that names one
+run. They are options of the one command, so no word of theirs can clash with a training script's name.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -36,7 +42,7 @@ from xlarun.config import (
 )
 from xlarun.durations import Seconds
 from xlarun.exceptions import InvalidValue, UsageError
-from xlarun.flags import flag
+from xlarun.flags import STACKS_NAME, flag
 from xlarun.host.devices import DEVICES
 from xlarun.planning.device import NPROC_ALLOWED
 from xlarun.planning.packages import RUNTIMES
@@ -1012,3 +1018,72 @@ def _parse(option: Option, raw: str, source: str) -> Any:
     except InvalidValue as refusal:
         detail = f" ({refusal})" if str(refusal) else ""
         raise UsageError(f"{source}={raw!r} is invalid{detail}: {option.allowed}") from None
+
+
+VERBS: Mapping[str, tuple[bool, tuple[str, ...]]] = {
+    "--jobs": (False, ("--json", "--prune")),
+    "--logs": (True, ("--follow",)),
+    "--attach": (True, ()),
+    "--stop": (True, ()),
+    "--wait": (True, ()),
+    "--status": (True, ("--json",)),
+}
+"""Each verb: whether it takes a run's id, and the switches it takes."""
+
+
+@dataclass(frozen=True)
+class VerbRequest:
+    """A verb asked for: the verb (``--logs``), the run's id where it takes one, the switches given."""
+
+    verb: str
+    job_id: str | None
+    switches: frozenset[str]
+
+
+def verb_request(args: Sequence[str]) -> VerbRequest | None:
+    """The verb the command line asks for (its first word), or None for a launch."""
+    if not args:
+        return None
+    verb, equals, value = args[0].partition("=")
+    if verb not in VERBS:
+        return None
+    takes_id, switches = VERBS[verb]
+    given = [value] if equals else []
+    chosen: set[str] = set()
+    for word in args[1:]:
+        if word in switches:
+            chosen.add(word)
+        elif word.startswith("-") and len(word) > 1:
+            allowed = f" (it takes {', '.join(switches)})" if switches else ""
+            raise UsageError(f"{verb} does not take {word}{allowed}")
+        else:
+            given.append(word)
+    if not takes_id:
+        if given:
+            raise UsageError(f"{verb} takes no argument: got {' '.join(given)}")
+        return VerbRequest(verb, None, frozenset(chosen))
+    if len(given) != 1:
+        raise UsageError(
+            f"{verb} takes one run id (xlarun --jobs lists them)" + (f": got {' '.join(given)}" if given else "")
+        )
+    return VerbRequest(verb, given[0], frozenset(chosen))
+
+
+_PID = re.compile(r"[0-9]{1,7}")
+"""A process id: Linux's are below its PID_MAX_LIMIT, 4194304 (ASCII digits only: ``int()`` takes other
+scripts' digits, and refuses more than 4,300 of them)."""
+
+
+def stacks_request(args: Sequence[str]) -> tuple[bool, int | None]:
+    """Whether the command line asks for stacks (``--stacks``, ``--stacks PID``, ``--stacks=PID``), and the PID."""
+    if not args or args[0].partition("=")[0] != STACKS_NAME:
+        return False, None
+    name, equals, value = args[0].partition("=")
+    rest = [value] if equals else list(args[1:])
+    if len(rest) > 1:
+        raise UsageError(f"{STACKS_NAME} takes at most one argument, the launcher's PID: got {' '.join(rest)}")
+    if not rest:
+        return True, None
+    if not _PID.fullmatch(rest[0]):
+        raise UsageError(f"{STACKS_NAME} {rest[0]}: expected the launcher's process id")
+    return True, int(rest[0])

@@ -79,7 +79,7 @@ class RunEnd:
     stopped_with_errors: tuple[str, ...] = ()
     """What each worker of this node that exited with an error while the group was being stopped last wrote
     to stderr (:func:`~xlarun.failures.stderr_excerpt`). Not failures (torchrun 2.9's report lists none of
-    them), but their words can say why the attempt failed: the split CPU world (:mod:`xlarun.cli.launch`)."""
+    them), but their words can say why the attempt failed: the split CPU world (:mod:`xlarun.launching.node`)."""
 
     @classmethod
     def succeeded(cls) -> RunEnd:

@@ -399,7 +399,7 @@ class WorkerGroup:
         failed = result.returncode != 0 and self._stopping is None
         if result.returncode != 0:
             # Kept of a worker that failed while the group was stopping too: not a failure of the report,
-            # but what it wrote can say why the attempt failed (the split CPU world, xlarun.cli.launch).
+            # but what it wrote can say why the attempt failed (the split CPU world, xlarun.launching.node).
             drain(worker.pipes)
             result.stderr_tail = worker.stderr_tail()
         if failed:

@@ -1,8 +1,9 @@
-"""From the command line's values to a running (or printed) launch.
+"""From the command line's values to a running (or printed) launch on this node.
 
 The glue between the layers: the options are read from their table, one planning call
 (:func:`xlarun.planning.plan.plan_launch`) turns them into the whole plan, and then either a dry
-run prints it or a rendezvous is chosen and the agent runs it.
+run prints it or a rendezvous is chosen and the agent runs it. A job on several hosts goes on to
+:mod:`xlarun.launching.hosts`, a run to leave to :mod:`xlarun.launching.detach`.
 """
 
 from __future__ import annotations
@@ -53,17 +54,17 @@ def launch_from_command_line(
     to_detach = values["detach"] and not values["dry_run"]
     if check_hosts(values):
         if to_detach:
-            from xlarun.cli.jobs import detach
+            from xlarun.launching.detach import detach
 
             return detach(values, given, require_script(script), script_args, environ, on_hosts=True)
-        from xlarun.cli.hosts import launch_hosts
+        from xlarun.launching.hosts import launch_hosts
 
         return launch_hosts(values, given, script, script_args, environ, on_started=on_started)
     prepared = plan_launch(values, script, script_args, environ)
     if prepared.config.dry_run:
         return print_plan(prepared, environ)
     if to_detach:
-        from xlarun.cli.jobs import detach
+        from xlarun.launching.detach import detach
 
         check_before_start(prepared, environ)
         return detach(values, given, prepared.config.command.script, script_args, environ)

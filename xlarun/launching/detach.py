@@ -1,10 +1,7 @@
-"""Runs you can leave: ``xlarun --detach ...`` and the verbs that find a run again by its id.
+"""Runs you can leave: ``xlarun --detach ...``, and the verbs that find a run again by its id.
 
-The verbs are options of the one command, as ``--stacks`` is, so no word of theirs can clash with a
-training script's name: ``--jobs [--json] [--prune]``, ``--logs ID [--follow]``, ``--attach ID``,
-``--stop ID``, ``--wait ID``, ``--status ID [--json]``. An id may be shortened to any prefix that names
-one run. What each does is :mod:`xlarun.jobs.verbs`' and :mod:`xlarun.jobs.status`'; the records are
-:mod:`xlarun.jobs.records`'.
+The verbs' words are read with the options (:func:`xlarun.cli.options.verb_request`); what each does is
+:mod:`xlarun.jobs.verbs`' and :mod:`xlarun.jobs.status`'; the records are :mod:`xlarun.jobs.records`'.
 
 A detached run has two halves. The caller (:func:`start_detached`) has checked what a foreground run
 checks before anything starts, records the run and starts the launcher again as
@@ -21,69 +18,20 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable, Mapping, MutableMapping, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from xlarun.cli.options import ENV_SEPARATOR, OPTIONS_BY_DEST, OptionValues
+from xlarun.cli.options import ENV_SEPARATOR, OPTIONS_BY_DEST, OptionValues, VerbRequest
 from xlarun.console import say
 from xlarun.exceptions import UsageError
-from xlarun.flags import flag
+from xlarun.flags import DETACHED_RUN_FLAG, PROGRAM, flag
 
 if TYPE_CHECKING:
-    from xlarun.cli.library import LaunchResult
     from xlarun.jobs.records import Job, JobStore
+    from xlarun.launching.library import LaunchResult
 
 STARTED_FD_VARIABLE = "XLARUN_DETACHED_STARTED_FD"
 """Given only to the detached launcher of a job on several hosts: the pipe on which it says that every host
 passed its checks and was told to start, which ``--detach`` waits for (:func:`take_started_announcer`)."""
-DETACHED_RUN_FLAG = "--detached-run"
-"""The detached launcher's first argument, followed by its record's directory (never typed by a user)."""
-VERBS: Mapping[str, tuple[bool, tuple[str, ...]]] = {
-    "--jobs": (False, ("--json", "--prune")),
-    "--logs": (True, ("--follow",)),
-    "--attach": (True, ()),
-    "--stop": (True, ()),
-    "--wait": (True, ()),
-    "--status": (True, ("--json",)),
-}
-"""Each verb: whether it takes a run's id, and the switches it takes."""
-PROGRAM = "xlarun"
-
-
-@dataclass(frozen=True)
-class VerbRequest:
-    verb: str
-    job_id: str | None
-    switches: frozenset[str]
-
-
-def verb_request(args: Sequence[str]) -> VerbRequest | None:
-    """The verb the command line asks for (its first word), or None for a launch."""
-    if not args:
-        return None
-    verb, equals, value = args[0].partition("=")
-    if verb not in VERBS:
-        return None
-    takes_id, switches = VERBS[verb]
-    given = [value] if equals else []
-    chosen: set[str] = set()
-    for word in args[1:]:
-        if word in switches:
-            chosen.add(word)
-        elif word.startswith("-") and len(word) > 1:
-            allowed = f" (it takes {', '.join(switches)})" if switches else ""
-            raise UsageError(f"{verb} does not take {word}{allowed}")
-        else:
-            given.append(word)
-    if not takes_id:
-        if given:
-            raise UsageError(f"{verb} takes no argument: got {' '.join(given)}")
-        return VerbRequest(verb, None, frozenset(chosen))
-    if len(given) != 1:
-        raise UsageError(
-            f"{verb} takes one run id (xlarun --jobs lists them)" + (f": got {' '.join(given)}" if given else "")
-        )
-    return VerbRequest(verb, given[0], frozenset(chosen))
 
 
 def run_verb(request: VerbRequest, environ: Mapping[str, str]) -> int:
@@ -349,7 +297,8 @@ class DetachedRun:
         """Block until the run ends: its :class:`~xlarun.LaunchResult`; raises :class:`~xlarun.WorkerFailed`
         where it failed (every failed worker its summary lists, the root cause first), as a foreground launch
         would, and for a lost run."""
-        from xlarun.cli.library import (
+        from xlarun.jobs.verbs import LOST_EXIT_CODE, describe_state, wait_for_change
+        from xlarun.launching.library import (
             LaunchResult,
             WorkerFailed,
             describe_failure,
@@ -357,7 +306,6 @@ class DetachedRun:
             read_summary,
             values_of,
         )
-        from xlarun.jobs.verbs import LOST_EXIT_CODE, describe_state, wait_for_change
 
         job = self._job()
         while job.state == "running":

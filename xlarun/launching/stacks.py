@@ -8,31 +8,9 @@ change to the script. What is printed shows control characters escaped.
 
 from __future__ import annotations
 
-import re
 import sys
-from collections.abc import Sequence
 
-from xlarun.exceptions import LaunchError, UsageError
-from xlarun.flags import STACKS_NAME
-
-_PID = re.compile(r"[0-9]{1,7}")
-"""A process id: Linux's are below its PID_MAX_LIMIT, 4194304 (ASCII digits only: ``int()`` takes other
-scripts' digits, and refuses more than 4,300 of them)."""
-
-
-def stacks_request(args: Sequence[str]) -> tuple[bool, int | None]:
-    """Whether the command line asks for stacks (``--stacks``, ``--stacks PID``, ``--stacks=PID``), and the PID."""
-    if not args or args[0].partition("=")[0] != STACKS_NAME:
-        return False, None
-    name, equals, value = args[0].partition("=")
-    rest = [value] if equals else list(args[1:])
-    if len(rest) > 1:
-        raise UsageError(f"{STACKS_NAME} takes at most one argument, the launcher's PID: got {' '.join(rest)}")
-    if not rest:
-        return True, None
-    if not _PID.fullmatch(rest[0]):
-        raise UsageError(f"{STACKS_NAME} {rest[0]}: expected the launcher's process id")
-    return True, int(rest[0])
+from xlarun.exceptions import LaunchError
 
 
 def print_stacks(launcher: int | None) -> int:

@@ -11,9 +11,9 @@ Usage::
 
 One engine: the keyword arguments are the command line's options in Python spelling, read by the
 same option table (a refusal is a :class:`ValueError` with the command's line), and the run is
-:func:`xlarun.cli.launch.run_launch`'s: the same planning, preflight, supervision, orphan guard
+:func:`xlarun.launching.node.run_launch`'s: the same planning, preflight, supervision, orphan guard
 (with the caller as the launcher), report and summary. With ``hosts=[...]`` (or ``hostfile=``,
-``tpu_pod=``) the run is the command's fan-out (:func:`xlarun.cli.hosts.launch_hosts`, docs/hosts.md),
+``tpu_pod=``) the run is the command's fan-out (:func:`xlarun.launching.hosts.launch_hosts`, docs/hosts.md),
 and the summary is the fan-out's; a :class:`WorkerFailed` lists every failed worker the hosts'
 summaries list, the root cause first, each on its host as the caller named it.
 
@@ -52,19 +52,19 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, fields
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
-from xlarun.cli.launch import run_launch
 from xlarun.cli.options import OPTIONS_BY_DEST, OptionValues, read_options
 from xlarun.console import flush_consoles
 from xlarun.contract import LAUNCHED_MARKER
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name
+from xlarun.launching.node import run_launch
 from xlarun.planning.plan import plan_launch
 from xlarun.planning.rules import check_hosts
 from xlarun.supervision.end import RootCause, RunEnd
 from xlarun.worker.call import exception_file, result_file
 
 if TYPE_CHECKING:
-    from xlarun.cli.jobs import DetachedRun
+    from xlarun.launching.detach import DetachedRun
 
 WORKER_MODULE = "xlarun.worker.call"
 WORKER_VARIABLES = (LAUNCHED_MARKER, "LOCAL_RANK", "TORCHELASTIC_RUN_ID")
@@ -144,7 +144,7 @@ def launch(
     pairs. Raises :class:`WorkerFailed` when the run fails (with ``reraise=True``, the root cause's
     own exception where it came back), :class:`ValueError` for a refused target or option, :class:`RuntimeError`
     where the launcher cannot go on (another process holds the device, ...). With ``detach=True`` the
-    run is left running as ``xlarun --detach`` leaves it, and its :class:`~xlarun.cli.jobs.DetachedRun`
+    run is left running as ``xlarun --detach`` leaves it, and its :class:`~xlarun.launching.detach.DetachedRun`
     returned at once (docs/jobs.md).
     """
     refuse_caller()
@@ -177,9 +177,9 @@ def launch_detached(
     target: Callable[..., Any] | str | os.PathLike[str] | Sequence[str], args: tuple[Any, ...], given: dict[str, str]
 ) -> DetachedRun:
     """``launch(..., detach=True)``: the launch checked and started as ``xlarun --detach`` does."""
-    from xlarun.cli.jobs import DetachedRun, start_detached
-    from xlarun.cli.launch import check_before_start
     from xlarun.jobs.records import JobStore
+    from xlarun.launching.detach import DetachedRun, start_detached
+    from xlarun.launching.node import check_before_start
 
     if callable(target):
         raise ValueError("detach=True runs a script or a module: a function's values come back to a caller that waits")
@@ -197,7 +197,7 @@ def launch_detached(
 def job(job_id: str) -> DetachedRun:
     """The run ``job_id`` (or the one run whose id starts with it) that ``--detach`` or ``detach=True`` started,
     found again; raises :class:`LookupError` where no run, or several, answer to it."""
-    from xlarun.cli.jobs import find_job
+    from xlarun.launching.detach import find_job
 
     return find_job(job_id, os.environ)
 
@@ -456,7 +456,7 @@ def run_hosts(
     environ: Mapping[str, str],
 ) -> int:
     """The command's fan-out over the hosts (docs/hosts.md); its exit code."""
-    from xlarun.cli.hosts import launch_hosts
+    from xlarun.launching.hosts import launch_hosts
 
     with engine_errors():
         return launch_hosts(values, given, script, script_args, environ)
