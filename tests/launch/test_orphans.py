@@ -223,3 +223,55 @@ def test_no_worker_outlives_a_launcher_killed_during_start_up(port: int) -> None
             survivors[token] = left
             kill_all(left)
     assert survivors == {}, f"{len(survivors)} of 50 launches left {sum(map(len, survivors.values()))} processes"
+
+
+NEXT_PID = Path("/proc/sys/kernel/ns_last_pid")
+# Rank 0 ends at once; rank 1 fails once told to (``go``), or runs until its launcher is gone.
+EARLY_EXIT = [
+    "--no-python",
+    "sh",
+    "-c",
+    'echo $$ > "$0/$RANK.pid"; [ "$RANK" = 0 ] && exit 0; while [ ! -e "$0/go" ]; do sleep 0.05; done; exit 3',
+]
+
+
+def start_with_pid(pid: int) -> subprocess.Popen:
+    """A process of its own session, so leading a process group numbered ``pid``: the kernel hands out the number after
+    ``ns_last_pid`` to the next process, as it does once its pids wrap around (32768 of them by default)."""
+    if not os.access(NEXT_PID, os.W_OK):
+        pytest.skip(f"{NEXT_PID} is not writable here (it takes root), to start a process with a chosen pid")
+    for _ in range(100):  # another process of the machine may take the number first
+        NEXT_PID.write_text(str(pid - 1))
+        bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
+        if bystander.pid == pid:
+            return bystander
+        bystander.kill()
+        bystander.wait()
+    pytest.fail(f"could not start a process with pid {pid}")
+
+
+@pytest.mark.parametrize("end", ["teardown", "launcher killed"])
+def test_the_number_of_a_group_that_emptied_is_not_signalled_once_another_process_took_it(
+    out_dir: Path, port: int, end: str
+) -> None:
+    """Rank 0's group empties when it exits; a bystander then takes its number. Neither the teardown that rank 1's
+    failure starts nor the orphan guard of a launcher killed with SIGKILL signals that number again."""
+    launcher = start_xlarun("--nproc-per-node", "2", "--master-port", port, *EARLY_EXIT, out_dir)
+    bystander = None
+    try:
+        wait_for(files_exist(out_dir / "0.pid", out_dir / "1.pid"), "both workers to start")
+        early, running = read_pid(out_dir / "0.pid"), read_pid(out_dir / "1.pid")
+        wait_for(lambda: not os.path.exists(f"/proc/{early}"), "rank 0 to end and be reaped")
+        bystander = start_with_pid(early)
+        if end == "teardown":
+            (out_dir / "go").touch()
+            assert finish(launcher).returncode == 3
+        else:
+            launcher.kill()
+            launcher.wait()
+            wait_for(lambda: not is_alive(running), "the orphan guard to end rank 1")
+        assert bystander.poll() is None, f"the bystander was killed by {signal.Signals(-bystander.returncode).name}"
+    finally:
+        kill_all([launcher.pid] + ([] if bystander is None else [bystander.pid]))
+        if bystander is not None:
+            bystander.wait()

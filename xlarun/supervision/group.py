@@ -10,8 +10,9 @@ Usage::
 Every worker starts in its own session, so it leads a process group that also holds its
 children. Exits are seen through pidfds the moment they happen (no polling). The first
 failure, a stop signal or a stop request tears the whole group down: the signal to every
-process group (including groups whose leader already exited but whose children live on),
-``kill_timeout`` seconds of grace, then SIGKILL. How far a teardown has gone is one value,
+process group (including groups whose leader already exited but whose children live on; never one
+that emptied, whose number another process may have taken since), ``kill_timeout`` seconds of
+grace, then SIGKILL. How far a teardown has gone is one value,
 :class:`Stopping`, which the loop replaces whole at each step. SIGUSR1 and SIGUSR2 are passed to every
 worker and the run goes on; Ctrl-Z (SIGTSTP) stops the workers with the launcher until it is
 continued. An :class:`~xlarun.supervision.guard.OrphanGuard` kills the groups if the launcher
@@ -395,6 +396,7 @@ class WorkerGroup:
         self._unwatch(worker.pidfd)
         worker.pidfd = None
         worker.ended(worker.process.reap())
+        self._release_from_guard()
         result = worker.result
         failed = result.returncode != 0 and self._stopping is None
         if result.returncode != 0:
@@ -462,6 +464,8 @@ class WorkerGroup:
     def _straggler_ended(self, worker: Worker, pidfd: int) -> None:
         self._unwatch(pidfd)
         worker.stragglers.discard(pidfd)
+        if not worker.stragglers and not worker.process.signal_group(0):
+            self._release_from_guard()
 
     def _unwatch(self, pidfd: int) -> None:
         self._selector.unregister(pidfd)
@@ -503,8 +507,8 @@ class WorkerGroup:
             self._stopping = self._stopping.asked(reason)
 
     def _release_from_guard(self) -> None:
-        """Groups that are gone leave the guard's list: their numbers may now be reused by
-        unrelated processes, which a guard acting later on must not kill."""
+        """Groups that are gone leave the guard's list, as each worker's does and again at the end: their numbers may
+        now be reused by unrelated processes, which a guard acting later on must not kill."""
         if self._guard is not None:
             self._guard.prune()
 

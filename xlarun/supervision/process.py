@@ -120,12 +120,18 @@ class PosixProcess:
         self.stdout: IO[bytes] | None = popen.stdout
         self.stderr: IO[bytes] | None = popen.stderr
         self.usage: Usage | None = None
+        self._reaped = False
+        self._group_gone = False
+        """Its group emptied after its leader was reaped: the number is free for any new process to take (the
+        kernel hands pids out again once they wrap around, by default after 32768), so it is never signalled again."""
 
     def open_pidfd(self) -> int:
         return os.pidfd_open(self.pid)
 
     def reap(self) -> int:
         _, status, rusage = os.wait4(self.pid, 0)
+        self._reaped = True
+        self.signal_group(0)  # an empty group is known gone now, before its number can be taken
         # Linux counts ru_maxrss in KiB.
         self.usage = Usage(
             peak_rss_mib=round(rusage.ru_maxrss / 1024, 1), cpu_s=round(rusage.ru_utime + rusage.ru_stime, 3)
@@ -133,12 +139,15 @@ class PosixProcess:
         return os.waitstatus_to_exitcode(status)
 
     def signal_group(self, number: int) -> bool:
-        return signal_group(self.pid, number)
+        if self._group_gone:
+            return False
+        # While the leader is not reaped, even as a zombie, it holds the group's number: nobody else can have it.
+        delivered = signal_group(self.pid, number)
+        self._group_gone = not delivered and self._reaped
+        return delivered
 
     def open_straggler_pidfds(self) -> list[int]:
-        try:
-            os.killpg(self.pid, 0)
-        except OSError:
+        if not self.signal_group(0):
             return []  # the group is empty: no need to look through /proc
         pidfds = []
         for pid in group_members(self.pid):
