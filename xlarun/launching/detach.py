@@ -303,6 +303,7 @@ class DetachedRun:
             WorkerFailed,
             describe_failure,
             job_failures,
+            node_summaries,
             read_summary,
             values_of,
         )
@@ -313,8 +314,7 @@ class DetachedRun:
             if self._process is not None:
                 self._process.poll()
         summary = read_summary(job.summary_file) if job.summary_file else {}
-        # A job on several hosts summarises each host's node; one node's summary is its own.
-        nodes = [host.get("summary") or {} for host in summary.get("hosts", [])] or [summary]
+        nodes = node_summaries(summary)
         if job.exit_code == 0:
             return LaunchResult(values=values_of(nodes, None), exit_code=0, summary=summary)
         failures = job_failures(nodes)

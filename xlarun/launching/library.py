@@ -49,7 +49,7 @@ import tempfile
 import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, overload
 
 from xlarun.cli.options import OPTIONS_BY_DEST, OptionValues, read_options
@@ -61,6 +61,7 @@ from xlarun.launching.node import run_launch
 from xlarun.planning.plan import plan_launch
 from xlarun.planning.rules import check_hosts
 from xlarun.supervision.end import RootCause, RunEnd
+from xlarun.supervision.report import read_run_end
 from xlarun.worker.call import exception_file, result_file
 
 if TYPE_CHECKING:
@@ -466,10 +467,10 @@ def hosts_result(exit_code: int, summary: dict[str, Any], payload: str | None, r
     """A job on several hosts as :func:`launch` returns or raises it, from the fan-out's summary."""
     if summary.get("result") == "signaled":
         raise StoppedBySignal(exit_code - 128)
-    node_summaries = [host.get("summary") or {} for host in summary.get("hosts", [])]
+    nodes = node_summaries(summary)
     if exit_code == 0:
-        return LaunchResult(values=values_of(node_summaries, payload), exit_code=exit_code, summary=summary)
-    failures = job_failures(node_summaries)
+        return LaunchResult(values=values_of(nodes, payload), exit_code=exit_code, summary=summary)
+    failures = job_failures(nodes)
     record = failures[0] if failures else None
     message = (
         describe_failure(record)
@@ -483,25 +484,30 @@ def hosts_result(exit_code: int, summary: dict[str, Any], payload: str | None, r
     raise error from cause if isinstance(cause, BaseException) else None
 
 
+def node_summaries(summary: Mapping[str, Any]) -> list[Mapping[str, Any]]:
+    """The nodes' summaries that a run's summary holds: each host's node's where it ran on several hosts (as the
+    fan-out writes them), else its own; a host's node that wrote none is an empty one."""
+    if "hosts" not in summary:
+        return [summary]
+    return [host.get("summary") or {} for host in summary["hosts"]]
+
+
 def job_failures(node_summaries: Sequence[Mapping[str, Any]]) -> list[FailureRecord]:
     """Every failed worker the nodes' summaries list, once, the root cause first: every node names the job's
-    root cause (the rendezvous tells it), and lists its own workers' other failures after it."""
-    listed = [node.get("root_cause") for node in node_summaries]
-    listed += [failure for node in node_summaries for failure in node.get("other_failures") or []]
+    root cause (the rendezvous tells it), and lists its own workers' other failures after it. A summary that is
+    not xlarun's (none was written: the node was killed first) names none."""
+    ends = []
+    for node in node_summaries:
+        try:
+            ends.append(read_run_end(node))
+        except ValueError:
+            continue
+    listed = [end.failure for end in ends] + [failure for end in ends for failure in end.other_failures]
     failures: dict[tuple[int, int], FailureRecord] = {}
-    for cause in listed:
-        record = failure_record(cause)
+    for record in listed:
         if record is not None:
             failures.setdefault((record.node_rank, record.rank), record)
     return list(failures.values())
-
-
-def failure_record(cause: Any) -> FailureRecord | None:
-    """A node summary's failure as a record; None for another root cause (a hang, a node lost)."""
-    if not isinstance(cause, dict) or "rank" not in cause:
-        return None
-    names = {field.name for field in fields(FailureRecord)}
-    return FailureRecord(**{name: value for name, value in cause.items() if name in names})
 
 
 def read_summary(path: str) -> dict[str, Any]:
