@@ -39,7 +39,6 @@ import subprocess
 import sys
 import termios
 import time
-import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -62,12 +61,6 @@ TORCHRUN = [PYTHON, "-m", "torch.distributed.run"]
 # Safety nets only: a healthy run of these tiny workers ends long before.
 RUN_TIMEOUT_S = 120
 WAIT_TIMEOUT_S = 60
-SESSION_VARIABLE = "XLARUN_TESTS_SESSION"
-os.environ.setdefault(SESSION_VARIABLE, uuid.uuid4().hex)
-SESSION_MARK = f"{SESSION_VARIABLE}={os.environ[SESSION_VARIABLE]}"
-"""In the environment of every process this test session starts (each inherits it) and of no other process:
-how :func:`kill_all` knows its own, since a pid whose process ended may be another program's by then (the
-kernel hands pids out again once they wrap around, after 32768 by default), another suite's beside this one."""
 # `python -c pass` (bytecode cached) on the unloaded 2-core machine the suite's few duration bounds were written on.
 REFERENCE_START_S = 0.010
 
@@ -336,26 +329,13 @@ def launcher_frames(stderr: str, allowed: tuple[str, ...] = ()) -> list[str]:
     return [frame for frame in frames if frame not in allowed]
 
 
-def kill_all(pids: Sequence[int], marks: Sequence[str] = (SESSION_MARK,)) -> None:
-    """Cleanup after a failed test: nothing the test started may keep running. Only a process whose environment
-    holds one of ``marks`` is killed (by default this session's): any other took the number of one that ended."""
+def kill_all(pids: Sequence[int]) -> None:
+    """Cleanup after a failed test: nothing the test started may keep running."""
     for pid in pids:
-        environ = live_environ(pid)
-        if environ is not None and any(mark.encode() in environ for mark in marks):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-
-def live_environ(pid: int) -> list[bytes] | None:
-    """The starting environment of process ``pid``, or None where it is gone or a zombie."""
-    try:
-        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        zombie = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
-    except (OSError, IndexError):
-        return None
-    return None if zombie else environ
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def logical_lines(text: str) -> Iterator[str]:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from helpers import SESSION_MARK, Run, files_exist, finish, kill_all, live_environ, start_xlarun, wait_for, worker
+from helpers import Run, files_exist, finish, kill_all, start_xlarun, wait_for, worker
 
 NPROC = 2
 """Workers per host."""
@@ -27,15 +27,20 @@ STOP_DEADLINE_S = 10
 """How long a stopped job's processes may outlive the cause on any host (teardown's grace included)."""
 
 
-def job_marks(run_id: str) -> tuple[str, str]:
-    """What the environment of every process of the job ``run_id`` holds: its workers' ``TORCHELASTIC_RUN_ID``,
-    or the variable every part of the job gets through ``--env``."""
-    return f"TORCHELASTIC_RUN_ID={run_id}", f"{JOB_VARIABLE}={run_id}"
+def live_environ(pid: int) -> list[bytes] | None:
+    """The starting environment of process ``pid``, or None where it is gone or a zombie."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        zombie = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0] == "Z"
+    except (OSError, IndexError):
+        return None
+    return None if zombie else environ
 
 
 def job_processes(run_id: str) -> list[int]:
-    """Every live process (not a zombie) on this machine that belongs to the job ``run_id``."""
-    wanted = [mark.encode() for mark in job_marks(run_id)]
+    """Every live process (not a zombie) on this machine that belongs to the job ``run_id``: its
+    workers' ``TORCHELASTIC_RUN_ID``, or the variable every part of the job gets through ``--env``."""
+    wanted = (f"TORCHELASTIC_RUN_ID={run_id}".encode(), f"{JOB_VARIABLE}={run_id}".encode())
     found = []
     for entry in os.listdir("/proc"):
         environ = live_environ(int(entry)) if entry.isdigit() else None
@@ -62,7 +67,7 @@ def hanging_python(directory: Path) -> tuple[Path, Path]:
     the second path first), and that file."""
     pids = directory / "hung.pids"
     python = directory / "hanging-python"
-    python.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec env {SESSION_MARK} sleep 600\n")
+    python.write_text(f"#!/bin/sh\necho $$ >> {pids}\nexec sleep 600\n")
     python.chmod(0o755)
     return python, pids
 
@@ -166,4 +171,4 @@ class Job:
         if self.process.poll() is None:
             self.process.kill()  # SIGKILL ends a stopped process too
             self.process.communicate()
-        kill_all(job_processes(self.run_id), job_marks(self.run_id))
+        kill_all(job_processes(self.run_id))

@@ -109,6 +109,7 @@ def test_metrics_file_is_a_whole_exposition_at_every_read(tmp_path: Path) -> Non
     finally:
         stop.set()
         reader.join()
+    reads.append(metrics.read_text())  # as the launcher left it: the reader may have stopped before it looked again
     assert run.returncode == 7, run.stderr
     samples = []
     for text in reads:

@@ -8,7 +8,6 @@ Every process of a job is found by its run id in ``/proc/<pid>/environ``, never 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import secrets
 import signal
@@ -206,8 +205,7 @@ def test_a_frozen_agent_is_named_within_the_host_timeout(
             job.process.send_signal(signal.SIGINT)
         run = job.finish()
     finally:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            agent.kill()  # psutil's: not a process that took its number since
+        kill_all([agent.pid])
     assert run.returncode == (130 if interrupted else 1), run.stderr
     one_line(run.stderr, f"xlarun: host {HOSTS[1]}: no heartbeat from its agent for 3 s")
     assert "from the launcher" not in run.stderr, run.stderr
