@@ -444,6 +444,8 @@ def start_sleepers(
         f"""
         import signal, time
 
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)  # a caller in a terminal, even where the tests run under nohup
+
         def sleep():
             if {ignore_term}:
                 signal.signal(signal.SIGTERM, signal.SIG_IGN)
