@@ -105,8 +105,8 @@ def foreground_signals() -> Iterator[None]:
     the launchers it starts (a Python handler becomes the default action at ``exec``).
 
     A suite started in the background (``nohup … &`` from a script) inherits SIGINT and SIGQUIT
-    ignored, and every launcher it starts inherits them so in turn: a test of what a signal left
-    out of ``--signals-to-handle`` does would see nothing happen.
+    ignored, and SIGHUP too under ``nohup``, and every launcher it starts inherits them so in turn: a
+    test of what a signal left out of ``--signals-to-handle`` does would see nothing happen.
     """
     previous = {number: signal.signal(number, handler) for number, handler in FOREGROUND_DISPOSITIONS.items()}
     try:
