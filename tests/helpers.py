@@ -289,6 +289,17 @@ def wait_for(check: Callable[[], object], what: str, timeout: float = WAIT_TIMEO
         time.sleep(0.02)
 
 
+def hold_open(path: os.PathLike | str, seconds: int) -> subprocess.Popen:
+    """``sleep seconds`` with ``path`` open as its standard input, returned once its command line reads ``sleep
+    seconds``: ``Popen`` returns as soon as the exec has replaced the child's memory, and the kernel lays out the new
+    program's arguments after that, so a scan of ``/proc`` just after it may find the right name but no arguments."""
+    with open(path) as handle:
+        holder = subprocess.Popen(["sleep", str(seconds)], stdin=handle)
+    wanted = f"sleep\0{seconds}\0".encode()
+    wait_for(lambda: Path(f"/proc/{holder.pid}/cmdline").read_bytes() == wanted, f"sleep {seconds} to start")
+    return holder
+
+
 def slack_s(seconds: float) -> float:
     """``seconds`` of slack as they were on the reference machine, scaled by how many times slower this one starts
     an interpreter now (never less): the floor a duration bound is measured against, taken in the same run, so a

@@ -10,12 +10,11 @@ A worker that starts leaves a file named after its rank; none may be there.
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers import TESTS, run_xlarun
+from helpers import TESTS, hold_open, run_xlarun
 
 HOSTS = TESTS / "fixtures" / "hosts"
 WORKER = "import os, sys\nopen(os.path.join(sys.argv[1], 'started-' + os.environ['RANK']), 'w').close()\n"
@@ -132,8 +131,7 @@ def h2_device_held(job: Path) -> Iterator[int]:
     shutil.copytree(HOSTS / "tpu-v4-vm", root)
     (root / "dev").mkdir(exist_ok=True)
     (root / "dev" / "accel0").touch()
-    with open(root / "dev" / "accel0") as device:
-        holder = subprocess.Popen(["sleep", "300"], stdin=device)
+    holder = hold_open(root / "dev" / "accel0", 300)
     yield holder.pid
     holder.kill()
     holder.wait()

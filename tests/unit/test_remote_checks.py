@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import TESTS
+from helpers import TESTS, hold_open
 
 from xlarun import __version__
 from xlarun.config import WorkerCommand
@@ -113,8 +112,7 @@ def busy_tpu(tmp_path: Path) -> Iterator[tuple[Path, int]]:
     shutil.copytree(HOSTS / "tpu-v4-vm", root)
     (root / "dev").mkdir(exist_ok=True)
     (root / "dev" / "accel0").touch()
-    with open(root / "dev" / "accel0") as device:
-        holder = subprocess.Popen(["sleep", "60"], stdin=device)
+    holder = hold_open(root / "dev" / "accel0", 60)
     try:
         yield root, holder.pid
     finally:
