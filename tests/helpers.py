@@ -41,7 +41,7 @@ import termios
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import IO, Any, NamedTuple
 
 import psutil
 import pytest
@@ -298,6 +298,23 @@ def hold_open(path: os.PathLike | str, seconds: int) -> subprocess.Popen:
     wanted = f"sleep\0{seconds}\0".encode()
     wait_for(lambda: Path(f"/proc/{holder.pid}/cmdline").read_bytes() == wanted, f"sleep {seconds} to start")
     return holder
+
+
+def read_until(stream: IO[str], text: str, timeout: float = WAIT_TIMEOUT_S) -> str:
+    """What a started process wrote to ``stream`` (its stdout or stderr pipe) up to ``text`` and a little beyond,
+    read from the pipe itself: what is left there stays for :func:`finish`, which reads the pipe the same way."""
+    read = b""
+    deadline = time.monotonic() + timeout
+    while text.encode() not in read:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            pytest.fail(f"gave up waiting for {text!r}; read so far:\n{read.decode(errors='replace')}")
+        if select.select([stream], [], [], remaining)[0]:
+            chunk = os.read(stream.fileno(), 65536)
+            if not chunk:
+                pytest.fail(f"the stream ended before {text!r}; read:\n{read.decode(errors='replace')}")
+            read += chunk
+    return read.decode(errors="replace")
 
 
 def slack_s(seconds: float) -> float:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import files_exist, finish, slack_s, wait_for
+from helpers import files_exist, finish, read_until, slack_s, wait_for
 from multinode import HOST, Nodes, both, lines, static
 
 RUN_ID = "job"
@@ -64,12 +64,14 @@ def test_garbage_in_the_store_leaves_a_lost_node_noticed_within_the_heartbeat_ti
     nodes: Nodes, out_dir: Path, port: int
 ) -> None:
     agents = start_two_nodes(nodes, out_dir, port)
-    time.sleep(1)  # the store's host has read the refusal
+    assert agents[0].stderr is not None
+    refused = read_until(agents[0].stderr, "xlarun: refused an agent: ")  # the store's host read the stray's words
     os.kill(agents[1].pid, signal.SIGKILL)
     killed = time.monotonic()
     run = finish(agents[0])
     took = time.monotonic() - killed
     agents[1].communicate()
+    run = run._replace(stderr=refused + run.stderr)
 
     assert took < 3 + slack_s(1), f"{took:.1f} s from the loss to the exit\n{run.stderr}"
     assert run.returncode == 1, run.stderr

@@ -35,7 +35,7 @@ MAY_IMPORT = {
     # xlarun's version (the package itself), which every host must share with the launcher.
     "remote": {"api", "leaf", "host", "planning", "supervision", "remote"},
     # The runs to leave: their records, and the verbs, which find a run's workers as --stacks does.
-    "jobs": {"leaf", "host", "rendezvous", "supervision", "jobs"},
+    "jobs": {"leaf", "host", "supervision", "jobs"},
     # The option table's rows name what the layers below allow (devices, runtimes, worker counts, ports); its
     # parsers read Slurm host lists (planning.hostlist), --rsh templates and --env files (remote).
     "options": {"leaf", "host", "runtimes", "planning", "remote"},

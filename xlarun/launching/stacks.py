@@ -11,23 +11,21 @@ from __future__ import annotations
 import sys
 
 from xlarun.exceptions import LaunchError
+from xlarun.supervision.report import escape_controls
+from xlarun.supervision.stacks import (
+    UNKNOWN,
+    StackTarget,
+    describe_positions,
+    dump_stacks,
+    launch_workers,
+    native_stacks,
+    where,
+)
 
 
 def print_stacks(launcher: int | None) -> int:
     """Print every worker's stacks on stdout (with py-spy's native frames where it is installed), then one
     line of where the ranks stand; returns the exit code."""
-    # Loaded only when asked: a launch reads none of it.
-    from xlarun.supervision.report import escape_controls
-    from xlarun.supervision.stacks import (
-        UNKNOWN,
-        StackTarget,
-        describe_positions,
-        dump_stacks,
-        launch_workers,
-        native_stacks,
-        where,
-    )
-
     try:
         parent, workers = launch_workers(launcher)
     except LookupError as error:
