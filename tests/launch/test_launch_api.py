@@ -86,7 +86,11 @@ def test_a_module_function_a_lambda_and_a_closure_each_return_every_ranks_value(
 
 
 def test_a_script_and_a_module_run_with_their_arguments(tmp_path: Path) -> None:
-    (tmp_path / "job.py").write_text("import os, sys\nprint('job', os.environ['RANK'], *sys.argv[1:])\n")
+    # One write per line: under python -u (torchrun's contract) print() writes each word apart, and the two workers
+    # share the caller's stdout.
+    (tmp_path / "job.py").write_text(
+        "import os, sys\nsys.stdout.write(' '.join(['job', os.environ['RANK'], *sys.argv[1:]]) + '\\n')\n"
+    )
     done = subprocess.run(
         [
             sys.executable,
