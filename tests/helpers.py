@@ -296,7 +296,12 @@ def hold_open(path: os.PathLike | str, seconds: int) -> subprocess.Popen:
     with open(path) as handle:
         holder = subprocess.Popen(["sleep", str(seconds)], stdin=handle)
     wanted = f"sleep\0{seconds}\0".encode()
-    wait_for(lambda: Path(f"/proc/{holder.pid}/cmdline").read_bytes() == wanted, f"sleep {seconds} to start")
+    try:
+        wait_for(lambda: Path(f"/proc/{holder.pid}/cmdline").read_bytes() == wanted, f"sleep {seconds} to start")
+    except BaseException:
+        holder.kill()  # the caller never gets it to stop
+        holder.wait()
+        raise
     return holder
 
 
