@@ -12,10 +12,10 @@ from __future__ import annotations
 import enum
 import signal
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 
 from xlarun.contract import RUN_PATH_BOOTSTRAP
 from xlarun.exceptions import InvalidValue
+from xlarun.structs import Struct, field
 
 DEFAULT_MASTER_PORT = 29500
 DEFAULT_C10D_PORT = 29400
@@ -25,8 +25,7 @@ STDOUT = 1
 STDERR = 2
 
 
-@dataclass(frozen=True)
-class NprocRequest:
+class NprocRequest(Struct, frozen=True):
     """``--nproc-per-node`` as given: a count, or a word (``auto``, ``cpu``, ``gpu``) resolved later."""
 
     count: int | None = None
@@ -36,8 +35,7 @@ class NprocRequest:
         return str(self.count) if self.word is None else self.word
 
 
-@dataclass(frozen=True)
-class StreamSpec:
+class StreamSpec(Struct, frozen=True):
     """Which of a worker's streams (``STDOUT | STDERR`` bits) a redirect or tee applies to."""
 
     default: int = 0
@@ -60,8 +58,7 @@ _UNHANDLEABLE = {
 """Signals ``--signals-to-handle`` refuses, and why: the launcher cannot catch them, or gets them itself."""
 
 
-@dataclass(frozen=True)
-class SignalList:
+class SignalList(Struct, frozen=True):
     """``--signals-to-handle``: the signals named, and the text as given.
 
     torchrun 2.10 and later put the text in every worker's environment as
@@ -149,8 +146,7 @@ TORCH_FALSE_WORDS = ("0", "false", "f", "no", "n")
 """How torch's rendezvous parameters read a boolean (``RendezvousParameters.get_as_bool``), any case."""
 
 
-@dataclass(frozen=True)
-class WorkerCommand:
+class WorkerCommand(Struct, frozen=True):
     """The program each worker runs; ``${local_rank}`` in its arguments is substituted per worker."""
 
     script: str
@@ -184,8 +180,7 @@ class Topology(enum.Enum):
     """Nodes meet at a c10d endpoint, which assigns the node ranks."""
 
 
-@dataclass(frozen=True)
-class LaunchConfig:
+class LaunchConfig(Struct, frozen=True):
     """Everything one launch needs, validated. Field names follow torchrun's flags.
 
     ``nproc_per_node`` is the resolved worker count of this node (``auto`` and the other

@@ -64,8 +64,9 @@ import signal
 import stat
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
+
+from xlarun.structs import Struct
 
 PACKAGE_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
@@ -181,8 +182,7 @@ FUTURE_TOLERANCE_S = 86400.0
 """How far past the launcher's clock a timestamp may lie (another host's clock, a time zone slip)."""
 
 
-@dataclass(frozen=True)
-class ErrorRecord:
+class ErrorRecord(Struct, frozen=True):
     message: str
     traceback: str
     timestamp: float | None

@@ -16,9 +16,9 @@ Usage::
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 from xlarun.exceptions import InvalidValue
+from xlarun.structs import Struct
 
 MAX_DAYS = 7
 MAX_SECONDS = MAX_DAYS * 24 * 60 * 60
@@ -29,8 +29,7 @@ platform: ``poll``'s and ``epoll``'s timeout (a C int of milliseconds, about 24.
 timeouts; and it is longer than any wait a job means."""
 
 
-@dataclass(frozen=True)
-class Seconds:
+class Seconds(Struct, frozen=True):
     """A parser of a number of seconds: finite, above 0 (or 0 too, where ``zero_allowed``), at most
     :data:`MAX_SECONDS`. Raises :class:`InvalidValue` saying what is wrong with the text."""
 

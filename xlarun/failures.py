@@ -12,7 +12,8 @@ from __future__ import annotations
 import re
 import signal
 from collections.abc import Sequence
-from dataclasses import dataclass
+
+from xlarun.structs import Struct
 
 NOT_AVAILABLE = "<N/A>"
 HUNG_EXIT_CODE = 124
@@ -32,8 +33,7 @@ _CHAINING_LINES = frozenset(
 """The line between two tracebacks of one chain: the one above belongs to the exception below."""
 
 
-@dataclass(frozen=True)
-class FailureRecord:
+class FailureRecord(Struct, frozen=True):
     """One failed worker, as it appears in the report; JSON-ready so other nodes can share it."""
 
     rank: int

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from xlarun.structs import Struct
 
 
-@dataclass(frozen=True)
-class NodeAssignment:
+class NodeAssignment(Struct, frozen=True):
     """This node's place in the world for one attempt: what a rendezvous decides.
 
     ``rank_offset`` is the global rank of this node's local rank 0 (the sum of

@@ -19,18 +19,17 @@ Usage::
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from xlarun.durations import Seconds
 from xlarun.exceptions import InvalidValue, UsageError
 from xlarun.flags import flag
+from xlarun.structs import Struct
 
 STATIC = "static"
 C10D = "c10d"
 
 
-@dataclass(frozen=True)
-class RdzvSetting:
+class RdzvSetting(Struct, frozen=True):
     """One ``--rdzv-conf`` key: its default, what it means, and the backends that read it."""
 
     key: str

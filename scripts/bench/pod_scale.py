@@ -14,7 +14,6 @@ comment that says so.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import io
 import multiprocessing
 import os
@@ -27,6 +26,7 @@ from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from typing import Any, cast
 
+from xlarun import structs
 from xlarun.config import LaunchConfig, WorkerCommand
 from xlarun.failures import FailureRecord
 from xlarun.host.ports import free_port, host_port
@@ -131,7 +131,7 @@ class PodShard:
     def __init__(self, config: LaunchConfig, ranks: list[int]):
         # The rendezvous draws status lines only on a terminal: none for hundreds of simulated nodes.
         with contextlib.redirect_stderr(io.StringIO()):
-            self.nodes = {rank: SimNode(dataclasses.replace(config, node_rank=rank), {}) for rank in ranks}
+            self.nodes = {rank: SimNode(structs.replace(config, node_rank=rank), {}) for rank in ranks}
 
     def _live(self, silent: tuple[int, ...]) -> list[SimNode]:
         return [node for rank, node in self.nodes.items() if rank not in silent]

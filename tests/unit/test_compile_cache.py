@@ -3,10 +3,9 @@ per directory. (``tests/launch/test_compile_cache.py`` runs torch_xla on them.)"
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 
+from xlarun import structs
 from xlarun.cli.options import read_options
 from xlarun.exceptions import UsageError
 from xlarun.host.cachedir import count_entries, prepare_cache_directory
@@ -69,7 +68,7 @@ def test_neuron_under_torch_xla_gets_the_compilers_cache_too() -> None:
 
 def test_torchtpu_gets_its_tier_2_name_and_tier_3_root_on_every_rank() -> None:
     options = XlaOptions("tpu", "torchtpu", tpu_slice=TpuSlice(chip="0x005e"), compile_cache=CompileCache("/c"))
-    one_host = dataclasses.replace(
+    one_host = structs.replace(
         NodeAssignment.single_node("job", 4, "127.0.0.1", 29500), worker_ports=(40000, 40001, 40002, 40003)
     )
     planned = [cache_variables(options, one_host, local) for local in range(4)]

@@ -137,7 +137,8 @@ def test_the_worker_group_loads_neither_the_option_table_nor_a_runtime() -> None
         cwd=REPO,
     ).stdout.split()
     assert "xlarun.supervision.group" in loaded
-    assert len(loaded) <= 12, loaded
+    # Twelve of its own, and xlarun.structs, which stands in for the standard library's dataclasses.
+    assert len(loaded) <= 13, loaded
     assert [
         name
         for name in loaded

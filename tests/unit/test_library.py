@@ -3,7 +3,6 @@ travel by reference, and that importing xlarun loads no launcher until launch is
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import os
 import subprocess
@@ -12,6 +11,7 @@ import sys
 import pytest
 from helpers import REPO
 
+from xlarun import structs
 from xlarun.cli.options import read_options
 from xlarun.failures import FailureRecord
 from xlarun.launching.library import describe_failure, given_options, importable_by_name, is_descriptor
@@ -108,5 +108,5 @@ def test_a_failure_is_told_by_what_the_worker_left_and_nothing_where_it_left_not
     report's placeholder, which the one line leaves out."""
     record = FailureRecord(rank=1, local_rank=1, returncode=3, pid=4711, time=0.0, host="h1")
     if traceback is not None:
-        record = dataclasses.replace(record, traceback=traceback)
+        record = structs.replace(record, traceback=traceback)
     assert describe_failure(record) == message

@@ -4,7 +4,6 @@ attempt's end, the monitor's judgement of silence, heartbeats that fail or hang,
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import datetime
 import json
 import threading
@@ -13,6 +12,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from xlarun import structs
 from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.failures import FailureRecord
@@ -384,7 +384,7 @@ def test_a_stacks_record_is_checked_and_escaped() -> None:
     "change", [{"rank": "1"}, {"returncode": 10**6}, {"host": None}, {"time": "now"}, {"surprise": 1}]
 )
 def test_a_failure_record_xlarun_did_not_write_is_none(change: dict[str, object]) -> None:
-    record = dataclasses.asdict(FailureRecord(rank=1, local_rank=0, returncode=3, pid=9, time=1.0, host="b\x1b[2J"))
+    record = structs.asdict(FailureRecord(rank=1, local_rank=0, returncode=3, pid=9, time=1.0, host="b\x1b[2J"))
 
     assert failure_record(json.dumps(record).encode()) == FailureRecord(
         rank=1, local_rank=0, returncode=3, pid=9, time=1.0, host=r"b\x1b[2J"

@@ -9,7 +9,6 @@ them for real (``tests/launch/test_newer_torchrun_flags.py``) and against torchr
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import signal
 import socket
@@ -18,6 +17,7 @@ from pathlib import Path
 import pytest
 from helpers import prepare
 
+from xlarun import structs
 from xlarun.cli.click_command import tcsh_completion
 from xlarun.cli.options import OPTIONS, read_options
 from xlarun.config import SignalList
@@ -103,7 +103,7 @@ def test_the_prefix_template_flag_wins_and_an_empty_one_leaves_it_to_torchruns_v
 
 
 def test_the_prefix_substitutes_torchruns_four_macros() -> None:
-    config = dataclasses.replace(
+    config = structs.replace(
         prepare("--role", "trainer", "t.py").config,
         log_line_prefix_template="${hostname}/${role_name}/${rank}/${local_rank}/${other}:",
     )
@@ -140,7 +140,7 @@ def test_virtual_local_rank_narrows_cuda_visible_devices_as_torchrun() -> None:
     "torchrun, expected", [((2, 9), None), ((2, 10), "SIGTERM, SIGUSR1"), ((2, 15), "SIGTERM, SIGUSR1")]
 )
 def test_workers_get_the_signal_list_from_torchrun_2_10_on(torchrun: tuple[int, int], expected: str | None) -> None:
-    config = dataclasses.replace(prepare("--signals-to-handle", "SIGTERM, SIGUSR1", "t.py").config, torchrun=torchrun)
+    config = structs.replace(prepare("--signals-to-handle", "SIGTERM, SIGUSR1", "t.py").config, torchrun=torchrun)
     assert contract_env(node(), 0, config=config, environ={}, error_file="e").get(SIGNALS_VARIABLE) == expected
 
 

@@ -5,11 +5,12 @@ Python requirement, and every command line its pages show is one the tests check
 
 from __future__ import annotations
 
-import dataclasses
 import re
 
 from helpers import REPO
 from readme import OTHER_PROGRAMS, PAGES, README, manual_commands, page_name, section
+
+from xlarun import structs
 
 COMMANDS, OTHERS = manual_commands()
 
@@ -33,7 +34,7 @@ def test_summary_file_schema_names_the_real_keys() -> None:
     summary = RunSummary(run_id="job")
     summary.add_attempt(0, [WorkerResult(local_rank=0, rank=0, pid=1, started_at=0.0, returncode=-9)])
     keys = list(summary.record(RunEnd.succeeded()))
-    keys += [field.name for field in dataclasses.fields(FailureRecord)] + ["exit_status", "signal"]
+    keys += [field.name for field in structs.fields(FailureRecord)] + ["exit_status", "signal"]
     keys += list(summary.attempts[0]) + list(summary.attempts[0]["workers"][0])
     assert [key for key in keys if f"`{key}`" not in documented] == []
 

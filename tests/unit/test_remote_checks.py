@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from xlarun.config import WorkerCommand
 from xlarun.host.programs import module_problem, program_problem
 from xlarun.remote.checks import check_host, host_command
 from xlarun.remote.plan import HostPlan
+from xlarun.structs import replace
 
 HOSTS = TESTS / "fixtures" / "hosts"
 
@@ -31,7 +31,7 @@ def plan(cwd: Path, *command: str, **fields: object) -> HostPlan:
         argv=("--nproc-per-node=1", "--", *command),
         device="cpu",
     )
-    return replace(base, **fields)  # type: ignore[arg-type]
+    return replace(base, **fields)
 
 
 @pytest.fixture

@@ -8,7 +8,6 @@ topology table is read from its installed file where there is one.
 from __future__ import annotations
 
 import ast
-import dataclasses
 import importlib.util
 import json
 import re
@@ -19,6 +18,7 @@ from types import ModuleType
 import pytest
 from helpers import TESTS, prepare, refusal
 
+from xlarun import structs
 from xlarun.exceptions import PlanError, UsageError
 from xlarun.planning import packages
 from xlarun.planning.dryrun import plan_document
@@ -36,12 +36,12 @@ TORCH_XLA_PREFIXES = ("PJRT_", "TPU_", "XLA_", "XRT_", "NEURON_")
 
 def one_host(nproc: int, ports: tuple[int, ...]) -> NodeAssignment:
     node = NodeAssignment.single_node("job", nproc, "127.0.0.1", 29500)
-    return dataclasses.replace(node, worker_ports=ports, job_started_ns=17)
+    return structs.replace(node, worker_ports=ports, job_started_ns=17)
 
 
 def across(hosts: tuple[str, ...], nproc: int, node_rank: int) -> NodeAssignment:
     node = NodeAssignment.single_node("job", nproc, hosts[0], 29500, node_rank=node_rank, nnodes=len(hosts))
-    return dataclasses.replace(node, hosts=hosts, job_started_ns=17)
+    return structs.replace(node, hosts=hosts, job_started_ns=17)
 
 
 def torch_tpu_hardware() -> ModuleType:

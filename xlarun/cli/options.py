@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from xlarun.config import (
@@ -48,6 +47,7 @@ from xlarun.planning.device import NPROC_ALLOWED
 from xlarun.planning.packages import RUNTIMES
 from xlarun.rdzv_conf import help_text as rdzv_conf_help
 from xlarun.runtimes import CACHE_WRITERS, COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
+from xlarun.structs import Struct
 
 TORCHRUN = "torchrun"
 XLARUN = "xlarun"
@@ -335,8 +335,7 @@ def one_of(choices: tuple[str, ...]) -> str:
 STREAMS_ALLOWED = "expected 0-3, or LOCAL_RANK:0-3 pairs like 0:1,1:2"
 
 
-@dataclass(frozen=True)
-class Option:
+class Option(Struct, frozen=True):
     """One flag. ``parse`` is None for a switch (no value; ``PET_<NAME>`` is then 0 or 1)."""
 
     spellings: tuple[str, ...]
@@ -894,8 +893,7 @@ OPTIONS: tuple[Option, ...] = (
 OPTIONS_BY_DEST: Mapping[str, Option] = {option.dest: option for option in OPTIONS}
 
 
-@dataclass(frozen=True)
-class Reading:
+class Reading(Struct, frozen=True):
     """One option's value and where it came from."""
 
     value: Any
@@ -1031,8 +1029,7 @@ VERBS: Mapping[str, tuple[bool, tuple[str, ...]]] = {
 """Each verb: whether it takes a run's id, and the switches it takes."""
 
 
-@dataclass(frozen=True)
-class VerbRequest:
+class VerbRequest(Struct, frozen=True):
     """A verb asked for: the verb (``--logs``), the run's id where it takes one, the switches given."""
 
     verb: str

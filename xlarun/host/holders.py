@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 from xlarun.durations import format_age
 from xlarun.flags import flag
 from xlarun.host.devices import device_files, host_root
 from xlarun.host.procfs import CLOCK_TICKS, started_environ, stat_fields
+from xlarun.structs import Struct
 
 SHARED_BY_DESIGN = ("nvidia-persistenced", "nv-hostengine")
 """Daemons that keep GPUs open on purpose (persistence mode, DCGM) and never stop a run.
@@ -36,8 +36,7 @@ Compared with a process's name as ``/proc/<pid>/comm`` gives it (the first 15 ch
 COMMAND_WIDTH = 120
 
 
-@dataclass(frozen=True)
-class Holder:
+class Holder(Struct, frozen=True):
     """A process that holds one or more device files open."""
 
     pid: int

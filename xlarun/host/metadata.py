@@ -41,10 +41,10 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from xlarun.host.devices import METADATA_HOST_VARIABLE
+from xlarun.structs import Struct
 
 DEFAULT_METADATA_HOST = "metadata.google.internal"
 INSTANCE_PATH = "/computeMetadata/v1/instance/"
@@ -210,8 +210,7 @@ class _Received:
         return io.BytesIO(self._answer)
 
 
-@dataclass(frozen=True)
-class Notice:
+class Notice(Struct, frozen=True):
     """A value of an instance key that announces what happens to the VM."""
 
     key: str

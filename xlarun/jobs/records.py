@@ -33,12 +33,12 @@ import re
 import shutil
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
 from xlarun.exceptions import UsageError
 from xlarun.host.procfs import stat_fields
+from xlarun.structs import Struct
 
 STATE_DIR_VARIABLE = "XLARUN_STATE_DIR"
 RUNS = "runs"
@@ -128,8 +128,7 @@ def boot_id() -> str:
         return handle.read().strip()
 
 
-@dataclass(frozen=True)
-class LauncherProcess:
+class LauncherProcess(Struct, frozen=True):
     """A process as it can be told apart from any later one with its pid: pid, start time and boot."""
 
     pid: int
@@ -172,8 +171,7 @@ def iso_time(seconds: float | None) -> str | None:
     return datetime.fromtimestamp(seconds, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
 
 
-@dataclass(frozen=True)
-class Job:
+class Job(Struct, frozen=True):
     """One run as its record says it, read at one moment."""
 
     id: str

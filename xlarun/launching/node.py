@@ -12,7 +12,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from dataclasses import replace
 from typing import Any
 
 from xlarun.cli.options import read_options
@@ -31,6 +30,7 @@ from xlarun.planning.rules import check_hosts, require_script
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import FixedRendezvous, Rendezvous, multi_node_rendezvous
 from xlarun.runtimes import CompileCache
+from xlarun.structs import replace
 from xlarun.supervision.agent import EVENTS_FLUSH_S, Agent
 from xlarun.supervision.end import RunEnd
 from xlarun.supervision.events import NO_EVENTS, EventBus, Sink, trace_id_of

@@ -75,7 +75,6 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
 from typing import Literal, overload
 
 from xlarun.exceptions import UsageError
@@ -83,6 +82,7 @@ from xlarun.flags import flag
 from xlarun.host.metadata import MetadataError, instance_attributes
 from xlarun.planning.hostlist import MAX_NUMBER_DIGITS, first_host, too_long
 from xlarun.runtimes import megascale
+from xlarun.structs import Struct, field
 
 # Slurm master ports: 15000-24999, in blocks of 4 so that ports a launcher derives
 # as MASTER_PORT+1..+3 stay inside the step's own block. The range stays clear of
@@ -103,8 +103,7 @@ _TASKS_PER_NODE_ITEM = re.compile(r"([0-9]+)(?:\(x[0-9]+\))?")
 _LOOPBACK_NAMES = ("localhost", "::1")
 
 
-@dataclass(frozen=True)
-class ClusterSettings:
+class ClusterSettings(Struct, frozen=True):
     """What the cluster says about this node's place in the job.
 
     ``master_addr`` is node 0's address as every node reaches it; None (only for

@@ -15,14 +15,13 @@ The per-runtime translations live in :mod:`xlarun.runtimes`.
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import subprocess
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from xlarun import structs
 from xlarun.config import DEFAULT_MASTER_PORT, LaunchConfig, NprocRequest, Topology
 from xlarun.exceptions import PlanError
 from xlarun.flags import flag
@@ -44,13 +43,13 @@ from xlarun.planning.packages import (
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import NATIVE_RUNTIMES, CompileCache, XlaOptions, apply_user_precedence, xla_env
 from xlarun.runtimes.releases import installed_version, major_minor, release_of
+from xlarun.structs import Struct, field
 
 if TYPE_CHECKING:
     from xlarun.runtimes import torchtpu
 
 
-@dataclass(frozen=True)
-class DeviceRequest:
+class DeviceRequest(Struct, frozen=True):
     """The device side of the command line: device, runtime, SPMD and their kin."""
 
     device: str = "auto"
@@ -61,8 +60,7 @@ class DeviceRequest:
     compile_cache: CompileCache | None = None
 
 
-@dataclass(frozen=True)
-class DevicePlan:
+class DevicePlan(Struct, frozen=True):
     """What the device layer decided; the launcher only reports and applies it.
 
     ``user_environ`` is the launcher's environment: a variable the user set there is kept
@@ -126,8 +124,7 @@ class DevicePlan:
         return variables, notices
 
 
-@dataclass(frozen=True)
-class AssumedHost:
+class AssumedHost(Struct, frozen=True):
     """A machine a dry run plans for when this host lacks the device asked for."""
 
     units: int
@@ -479,12 +476,12 @@ def with_slice_stand_ins(
         return node
     if config.topology in (Topology.STANDALONE, Topology.LONE_NODE):
         first = STAND_IN_WORKER_PORT + variant * node.local_world_size
-        return dataclasses.replace(
+        return structs.replace(
             node, worker_ports=tuple(range(first, first + node.local_world_size)), job_started_ns=variant
         )
     worker = device.slice_worker
     if config.topology is Topology.C10D and worker is not None:
-        node = dataclasses.replace(
+        node = structs.replace(
             node,
             node_rank=worker,
             nnodes=config.max_nodes,
@@ -493,9 +490,7 @@ def with_slice_stand_ins(
         )
     host = stand_in_node_address(config)
     # The alternative's addresses are as long, so that both plans fit Linux's limit or neither does.
-    return dataclasses.replace(
-        node, hosts=("x" * len(host) if variant else host,) * node.nnodes, job_started_ns=variant
-    )
+    return structs.replace(node, hosts=("x" * len(host) if variant else host,) * node.nnodes, job_started_ns=variant)
 
 
 def stand_in_node_address(config: LaunchConfig) -> str:

@@ -13,14 +13,13 @@ Usage::
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
 from operator import attrgetter, methodcaller
 from typing import Any
 
+from xlarun import structs
 from xlarun.config import LaunchConfig, Topology
 from xlarun.host.holders import busy_device_holders
 from xlarun.host.ports import host_port
@@ -28,6 +27,7 @@ from xlarun.planning.device import DevicePlan, stand_in_node_address, stand_in_p
 from xlarun.planning.environment import PASSED_THROUGH, worker_variables
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes.torchtpu import ADDRESSES
+from xlarun.structs import Struct
 
 DECIDED_AT_RENDEZVOUS = "<decided at rendezvous>"
 """What a dry run shows in place of a value only a real rendezvous decides."""
@@ -71,8 +71,7 @@ def shown_value(name: str, value: str) -> str:
     return REDACTED if looks_secret(name) else value
 
 
-@dataclass(frozen=True)
-class NodePlan:
+class NodePlan(Struct, frozen=True):
     """This node as a dry run knows it, without meeting any other node.
 
     ``node`` is the assignment the plan shows. Where the real run's rendezvous decides a
@@ -107,7 +106,7 @@ def plan_node(config: LaunchConfig, device: DevicePlan) -> NodePlan:
             f"{ADDRESSES} assumes every node's address is as long as {stand_in_node_address(config)}; "
             "the rendezvous learns the real ones",
         )
-    return dataclasses.replace(
+    return structs.replace(
         plan,
         node=with_slice_stand_ins(node, config, device),
         alternative=with_slice_stand_ins(other, config, device, variant=1),
@@ -125,7 +124,7 @@ def plan_node_placement(config: LaunchConfig, device: DevicePlan) -> NodePlan:
         # --standalone's run id.
         node = NodeAssignment.single_node(config.rdzv_id, nproc, config.store_address()[0], port)
         run_id = f"{node.run_id}-other" if config.standalone else node.run_id
-        return NodePlan(node, dataclasses.replace(node, master_port=other_port, run_id=run_id))
+        return NodePlan(node, structs.replace(node, master_port=other_port, run_id=run_id))
     if topology is Topology.LONE_NODE:
         host, store_port = config.store_address()
         return NodePlan(
@@ -140,7 +139,7 @@ def plan_node_placement(config: LaunchConfig, device: DevicePlan) -> NodePlan:
             config.rdzv_id, nproc, host, store_port, node_rank=config.node_rank, nnodes=config.max_nodes
         )
         return NodePlan(
-            dataclasses.replace(node, agent_store=True),
+            structs.replace(node, agent_store=True),
             endpoint=host_port(host, store_port),
             assumed=(
                 f"ranks and world size assume every node runs as many workers as this one "
@@ -159,9 +158,9 @@ def plan_node_placement(config: LaunchConfig, device: DevicePlan) -> NodePlan:
         master_port=port,
         agent_store=True,
     )
-    other = dataclasses.replace(node, master_addr=f"{host}-other", master_port=other_port)
+    other = structs.replace(node, master_addr=f"{host}-other", master_port=other_port)
     if config.max_nodes > 1:
-        other = dataclasses.replace(
+        other = structs.replace(
             other,
             node_rank=1,
             rank_offset=nproc,

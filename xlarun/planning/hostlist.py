@@ -25,9 +25,9 @@ from __future__ import annotations
 import itertools
 import re
 from collections.abc import Iterator
-from dataclasses import dataclass
 
 from xlarun.exceptions import UsageError
+from xlarun.structs import Struct
 
 MAX_HOSTS_PER_RANGE = 65536
 MAX_NUMBER_DIGITS = 18
@@ -39,8 +39,7 @@ _SEPARATORS = ", \t"
 _RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
 
 
-@dataclass(frozen=True)
-class _Range:
+class _Range(Struct, frozen=True):
     """Numbers ``lo..hi`` written zero-padded to ``width`` digits."""
 
     lo: int

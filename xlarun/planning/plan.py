@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from xlarun.config import LaunchConfig, NprocRequest
 from xlarun.exceptions import PlanError
@@ -35,10 +34,10 @@ from xlarun.planning.environment import check_virtual_local_rank, omp_threads_de
 from xlarun.planning.packages import followed_torchrun
 from xlarun.planning.rules import OptionValues, build_config, require_script
 from xlarun.runtimes import CompileCache
+from xlarun.structs import Struct
 
 
-@dataclass(frozen=True)
-class LaunchPlan:
+class LaunchPlan(Struct, frozen=True):
     """A launch checked and planned, before any port is probed or process started: what a real run runs
     and a dry run prints."""
 

@@ -35,7 +35,6 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from typing import Any
 
 from xlarun.console import console, say
@@ -55,6 +54,7 @@ from xlarun.remote.protocol import (
     stop_line,
 )
 from xlarun.remote.transport import with_own_log
+from xlarun.structs import Struct, field
 from xlarun.supervision.end import RunEnd
 from xlarun.supervision.report import print_failure_report, read_run_end, write_summary_file
 from xlarun.supervision.signals import RELAYED_SIGNALS, SignalInbox
@@ -71,8 +71,7 @@ STOPPED_AFTER_FAILURE_S = 10.0
 failed, before they are told to stop."""
 
 
-@dataclass(frozen=True)
-class NodeEnd:
+class NodeEnd(Struct, frozen=True):
     """A host's ``end`` report, read once where it arrives: the node's exit code, how its run ended (its
     summary read back: :func:`~xlarun.supervision.report.read_run_end`) and the summary's record as the
     node wrote it, which the fan-out's summary carries whole."""
@@ -106,8 +105,7 @@ class NodeEnd:
         return None if self.run is None else self.run.failure
 
 
-@dataclass
-class Host:
+class Host(Struct):
     """One host's transport and what it said so far."""
 
     plan: HostPlan

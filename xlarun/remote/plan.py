@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from xlarun.flags import flag
 from xlarun.host.devices import HOST_ROOT_VARIABLE
 from xlarun.planning.dryrun import shown_value
+from xlarun.structs import Struct, asdict, field
 
 ALLOWED_PREFIXES = ("XLARUN_", "PJRT_", "XLA_", "TPU_", "NEURON_", "TORCH_", "PYTHON", "HF_", "WANDB_")
 """The launcher's variables that travel to every host, by name prefix: xlarun's own, the device
@@ -82,8 +82,7 @@ def read_env_file(text: str) -> dict[str, str]:
     return variables
 
 
-@dataclass(frozen=True)
-class HostPlan:
+class HostPlan(Struct, frozen=True):
     """Everything one host's agent needs, sent as one JSON line on its standard input.
 
     ``argv`` is xlarun's own argv on that host (options, ``--``, the script and its arguments)

@@ -21,8 +21,9 @@ Every other line on the agent's stdout and stderr is the node's own output, rela
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
 from typing import Any
+
+from xlarun.structs import Struct
 
 MARKER = b"\x1exlarun-agent "
 READY, REFUSED, END, ALIVE = "ready", "refused", "end", "alive"
@@ -32,8 +33,7 @@ HEARTBEATS_PER_TIMEOUT = 3
 """Heartbeats the launcher sends per ``--host-timeout``: two may be lost or late before an agent gives up."""
 
 
-@dataclass(frozen=True)
-class AgentReport:
+class AgentReport(Struct, frozen=True):
     """A marker line from an agent: ``kind`` is :data:`READY`, :data:`REFUSED`, :data:`END` or :data:`ALIVE`.
 
         ``ready``: ``{"address": the host's address as the launcher reached it, or null; "port": a port free

@@ -16,19 +16,19 @@ store's plumbing and key names), ``joining`` (who takes part, and each attempt's
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import socket
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
+from xlarun import structs
 from xlarun.console import StatusLine
 from xlarun.failures import FailureRecord
 from xlarun.host.ports import free_ports
 from xlarun.ranks import NodeAssignment
+from xlarun.structs import Struct
 
 if TYPE_CHECKING:
     from xlarun.config import LaunchConfig
@@ -48,8 +48,7 @@ def shown(raw: bytes | str, limit: int = 200) -> str:
     return escaped if len(escaped) <= limit else escaped[:limit] + "..."
 
 
-@dataclass(frozen=True)
-class LostNode:
+class LostNode(Struct, frozen=True):
     """A node that fell silent before its attempt ended: the root cause of that end, even where a
     worker elsewhere failed first in time (its peer vanished from under a collective)."""
 
@@ -70,7 +69,7 @@ class LostNode:
         return LOST_NODE_EXIT_CODE
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(structs.asdict(self))
 
     @classmethod
     def from_json(cls, raw: bytes) -> LostNode:
@@ -85,8 +84,7 @@ class LostNode:
         return lost
 
 
-@dataclass(frozen=True)
-class AttemptEnd:
+class AttemptEnd(Struct, frozen=True):
     """How an attempt ended for the whole job; every node learns the same."""
 
     succeeded: bool
@@ -111,8 +109,7 @@ class StopRequest(Protocol):
         """Stop this node's workers; ``hung``: the job is hung, so their stacks are taken first."""
 
 
-@dataclass(frozen=True)
-class NodeStacks:
+class NodeStacks(Struct, frozen=True):
     """Where one node's ranks stood when the job was found hung, as the nodes share it."""
 
     node_rank: int
@@ -123,7 +120,7 @@ class NodeStacks:
     """The dump file of each rank whose stacks were taken, on that node's host."""
 
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self))
+        return json.dumps(structs.asdict(self))
 
     @classmethod
     def from_json(cls, raw: bytes) -> NodeStacks:
@@ -214,7 +211,7 @@ class FixedRendezvous:
             self._run_id, nproc_per_node, self._master_addr, self._master_port, restart_count=attempt
         )
         ports = free_ports(nproc_per_node, "0.0.0.0") if self._worker_ports else ()
-        return dataclasses.replace(node, worker_ports=ports, job_started_ns=self._started_ns)
+        return structs.replace(node, worker_ports=ports, job_started_ns=self._started_ns)
 
     def watch(self, stop: StopRequest) -> None:
         return None

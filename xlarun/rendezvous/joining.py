@@ -17,13 +17,13 @@ import os
 import socket
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
 from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
 from xlarun.rendezvous.store import Client, JobKeys, StoreRole, Timeouts, token_digest, wait_for_key
+from xlarun.structs import Struct, asdict
 
 # How many membership changes one line names before it counts the rest.
 NAMED_CHANGES = 3
@@ -37,8 +37,7 @@ class FinishedJob(LaunchError):
     """
 
 
-@dataclass(frozen=True)
-class Member:
+class Member(Struct, frozen=True):
     """One agent taking part in an attempt."""
 
     agent: int
@@ -50,8 +49,7 @@ class Member:
     slice): an attempt whose every node has one ranks them by it instead of the round's order."""
 
 
-@dataclass(frozen=True)
-class Roster:
+class Roster(Struct, frozen=True):
     """An attempt's nodes, in node-rank order."""
 
     members: tuple[Member, ...]
@@ -84,8 +82,7 @@ def membership_change(before: Roster, after: Roster) -> str:
     return ", ".join(changes)
 
 
-@dataclass(frozen=True)
-class Seat:
+class Seat(Struct, frozen=True):
     """One node's place in one attempt, as the attempt's leader decided it."""
 
     attempt: int
@@ -253,8 +250,7 @@ def missing(board: Client, prefix: str, nnodes: int, waited: float, status: Stat
     )
 
 
-@dataclass(frozen=True)
-class NodePlan:
+class NodePlan(Struct, frozen=True):
     """The job a node plans: its node count (``min_nodes:max_nodes`` where elastic) and, for a
     multislice job, its TPU slices. Every node of a job plans the same one, or the nodes would wait
     out the join timeout for nodes that never come."""

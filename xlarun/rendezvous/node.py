@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import dataclasses
 import json
 import socket
 import threading
@@ -32,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from xlarun import structs
 from xlarun.config import LaunchConfig
 from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError
@@ -374,7 +374,7 @@ class NodeRendezvous:
 
     def publish_failure(self, failure: FailureRecord) -> None:
         def write(store: Client, seat: Seat) -> None:
-            key, record = self._keys.attempt(seat.attempt, "failure"), json.dumps(dataclasses.asdict(failure))
+            key, record = self._keys.attempt(seat.attempt, "failure"), json.dumps(structs.asdict(failure))
             first = store.compare_set(key, "", record)
             if first != record.encode() and failure_record(first) is None:
                 store.set(key, record)  # a value xlarun did not write holds no failure's place
@@ -519,7 +519,7 @@ def failure_record(raw: bytes) -> FailureRecord | None:
     # A status a process can exit with: its own code, or a signal's.
     if not (integers and texts and numbers and -64 <= record.returncode <= 255):
         return None
-    return dataclasses.replace(
+    return structs.replace(
         record,
         host=shown(record.host),
         error_file=shown(record.error_file),

@@ -18,7 +18,6 @@ import hashlib
 import socket
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
 from typing import Any, Protocol, cast
 
 from xlarun.config import TORCH_TRUE_WORDS
@@ -26,6 +25,7 @@ from xlarun.console import StatusLine
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import flag
 from xlarun.rdzv_conf import default_seconds, read_seconds
+from xlarun.structs import Struct
 
 # How often a status line on a terminal is redrawn while the agent waits.
 STATUS_INTERVAL = 0.5
@@ -128,8 +128,7 @@ def token_digest(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest() if token else ""
 
 
-@dataclass(frozen=True)
-class Timeouts:
+class Timeouts(Struct, frozen=True):
     """The rendezvous's seconds, read from ``--rdzv_conf`` under torchrun's names."""
 
     join: float

@@ -17,12 +17,12 @@ import json
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from xlarun.console import StatusLine
 from xlarun.rendezvous import AttemptEnd, LostNode, shown
 from xlarun.rendezvous.joining import Roster, read_roster
 from xlarun.rendezvous.store import STATUS_INTERVAL, Client, JobKeys, read_count, wait_for_key
+from xlarun.structs import Struct
 
 DONE = "done"
 HUNG = "hung"
@@ -38,8 +38,7 @@ STALL = 1.0
 KINDS = ("failure", "lost", LEFT, "stopped", HUNG, "admit")
 
 
-@dataclass(frozen=True)
-class News:
+class News(Struct, frozen=True):
     """What ended an attempt, as written once to its end key and read alike by every node."""
 
     kind: str
@@ -243,8 +242,7 @@ class EndWatch:
         self.ended.set()
 
 
-@dataclass
-class Silence:
+class Silence(Struct):
     """How long the monitor has seen one agent's heartbeat stand still."""
 
     beat: bytes | None = None

@@ -30,13 +30,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.host.ports import host_port
 from xlarun.ranks import NodeAssignment
 from xlarun.runtimes.releases import NEWEST, Release
+from xlarun.structs import Struct
 
 if TYPE_CHECKING:
     from types import ModuleType
@@ -79,8 +79,7 @@ CACHE_WRITERS = ("job", "node")
 each node's local rank 0 (``node``, for a directory on each node's own disk)."""
 
 
-@dataclass(frozen=True)
-class CompileCache:
+class CompileCache(Struct, frozen=True):
     """``--compile-cache``: the directory (absolute) that every runtime's compile cache goes under, and who
     writes torch_xla's (:data:`CACHE_WRITERS`)."""
 
@@ -137,8 +136,7 @@ def coordinator_port(master_port: int, override: int | None = None) -> int:
     return UNPRIVILEGED_PORTS[0] + (master_port - UNPRIVILEGED_PORTS[0] + COORDINATOR_PORT_SHIFT) % _PORT_RANGE_SIZE
 
 
-@dataclass(frozen=True)
-class XlaOptions:
+class XlaOptions(Struct, frozen=True):
     """The XLA side of a launch plan, the same for every worker of the job.
 
     ``device`` and ``runtime`` are resolved (see :func:`xlarun.devices.resolve_device`

@@ -25,10 +25,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 
 from xlarun.exceptions import PlanError
 from xlarun.host.ports import host_port
+from xlarun.structs import Struct
 
 NUM_SLICES = "MEGASCALE_NUM_SLICES"
 SLICE_ID = "MEGASCALE_SLICE_ID"
@@ -50,8 +50,7 @@ _HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9_])?")
 """A host name or an IPv4 address, as a coordinator names its host: letters, digits, ``.``, ``-``, ``_``."""
 
 
-@dataclass(frozen=True)
-class MegaScale:
+class MegaScale(Struct, frozen=True):
     """A multislice job's settings: ``slices`` above 1, this host's ``slice_id`` below it, the
     ``coordinator`` as given (``host:port``) or None, and ``port`` (``MEGASCALE_PORT``) as given or None."""
 

@@ -21,9 +21,9 @@ from __future__ import annotations
 import os
 import re
 import sys
-from dataclasses import dataclass
 
 from xlarun.exceptions import PlanError
+from xlarun.structs import Struct
 
 Release = tuple[int, int]
 
@@ -57,8 +57,7 @@ TPU_GENERATION_FIRST_RELEASE: dict[int, tuple[str, Release]] = {7: ("TPU7x", (2,
 type: the pattern ``^v(\\d)`` before 2.9 cannot read ``tpu7x-8``, so every TPU set-up step raises."""
 
 
-@dataclass(frozen=True)
-class XlaInitBreak:
+class XlaInitBreak(Struct, frozen=True):
     """A case where torch_xla's ``xla://`` set-up misconfigures a worker that xlarun started.
 
     ``releases`` is the first and last release affected; ``local_processes`` is ``"one"``

@@ -65,13 +65,13 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes.limits import check_variable_size
 from xlarun.runtimes.megascale import MegaScale
 from xlarun.runtimes.tpu import TpuTopology
+from xlarun.structs import Struct
 
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
@@ -117,8 +117,7 @@ ACCELERATOR_CHIPS: Mapping[str, str] = {
 """The chip of an accelerator type's name before its ``-<size>`` (``v5litepod-16``: v5e)."""
 
 
-@dataclass(frozen=True)
-class TpuSlice:
+class TpuSlice(Struct, frozen=True):
     """What the launcher knows of the TPU slice beyond its shape (:class:`~xlarun.runtimes.tpu.TpuTopology`).
 
     ``chip`` is the chips' PCI device id (:data:`TOPOLOGY_BY_CHIP`), ``base_port`` the first port of every

@@ -38,11 +38,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes.releases import XLA_INIT_PINS_ONE_LOCAL_PROCESS
+from xlarun.structs import Struct
 
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
@@ -66,8 +66,7 @@ _BOUNDS = re.compile(r"^\d+,\d+,\d+$")
 _ACCELERATOR_GENERATION = re.compile(r"^(?:v|tpu)(\d)[A-Za-z]*-\d+$")
 
 
-@dataclass(frozen=True)
-class TpuTopology:
+class TpuTopology(Struct, frozen=True):
     """A TPU slice's shape as torch_xla's metadata names it.
 
     ``host_bounds`` is the grid of hosts (``1,1,1`` for one host),

@@ -15,16 +15,15 @@ supervise the group. A failed attempt with restarts left starts the group again 
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import re
 import selectors
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from xlarun import structs
 from xlarun.config import LaunchConfig
 from xlarun.console import say
 from xlarun.contract import read_error_file
@@ -33,6 +32,7 @@ from xlarun.failures import FailureRecord, signal_name, stderr_excerpt
 from xlarun.host.devices import has_metadata_server
 from xlarun.ranks import NodeAssignment
 from xlarun.rendezvous import JobEnded, NodeStacks, Rendezvous
+from xlarun.structs import Struct
 from xlarun.supervision.end import HangCause, RootCause, RunEnd
 from xlarun.supervision.events import NO_EVENTS, EventBus
 from xlarun.supervision.group import GroupOutcome, Hang, WorkerGroup, WorkerResult
@@ -344,8 +344,8 @@ class Agent:
                 # The step log xlarun asked for: its lines are counted, and kept out of the console and the logs.
                 # Its count is kept beside the worker's logs, for xlarun --status.
                 steps_file = os.path.join(os.path.dirname(logs.error_file), STEPS_FILE)
-                stderr = dataclasses.replace(logs.stderr, relay=True, step_log=True, steps_file=steps_file)
-                logs = dataclasses.replace(logs, stderr=stderr)
+                stderr = structs.replace(logs.stderr, relay=True, step_log=True, steps_file=steps_file)
+                logs = structs.replace(logs, stderr=stderr)
             specs.append(
                 WorkerSpec(
                     local_rank=local_rank, rank=rank, argv=self.config.command.argv(local_rank), env=env, logs=logs
@@ -415,8 +415,7 @@ def node_stacks(node: NodeAssignment, hang: Hang) -> NodeStacks:
     )
 
 
-@dataclass(frozen=True)
-class Interrupted:
+class Interrupted(Struct, frozen=True):
     signal_number: int
 
 

@@ -18,12 +18,12 @@ the root cause's status (:func:`~xlarun.failures.exit_status`), 128+N for the la
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
 from typing import Literal
 
 from xlarun.exceptions import LaunchError
 from xlarun.failures import HUNG_EXIT_CODE, FailureRecord, signal_exit_status
 from xlarun.rendezvous import LostNode, NodeStacks
+from xlarun.structs import Struct, replace
 
 Result = Literal["succeeded", "failed", "hung", "signalled", "launcher_error", "not_needed", "preempted"]
 """The summary file's ``result``: ``not_needed`` is a node the job ended without (an elastic job
@@ -31,8 +31,7 @@ that finished before it was let in); ``preempted`` a run that did not succeed af
 said the VM stops (:meth:`RunEnd.preempted`)."""
 
 
-@dataclass(frozen=True)
-class HangCause:
+class HangCause(Struct, frozen=True):
     """A hung run's root cause: what found the workers hung, and where the job's ranks stood."""
 
     message: str
@@ -61,8 +60,7 @@ class HangCause:
 RootCause = FailureRecord | HangCause | LostNode
 
 
-@dataclass(frozen=True)
-class RunEnd:
+class RunEnd(Struct, frozen=True):
     """How the run ended; see the module docstring. Built by its constructors, which agree on the exit code."""
 
     result: Result

@@ -26,10 +26,10 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from xlarun.console import say
+from xlarun.structs import Struct, field
 
 SCHEMA_VERSION = 1
 """The event record's version: raised when a field changes meaning or goes away (adding one does not)."""
@@ -66,8 +66,7 @@ def trace_id_of(environ: Mapping[str, str]) -> str | None:
     return match.group(1)
 
 
-@dataclass(frozen=True)
-class Event:
+class Event(Struct, frozen=True):
     """One thing that happened in the launch, with the launch's identity at that moment."""
 
     name: str
@@ -98,8 +97,7 @@ _CLOSE = object()
 """What tells a sink's thread that no event comes after it."""
 
 
-@dataclass
-class _Lane:
+class _Lane(Struct):
     """One sink with its queue, its thread and what it dropped."""
 
     sink: Sink

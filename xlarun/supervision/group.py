@@ -51,8 +51,8 @@ import selectors
 import signal
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
 
+from xlarun.structs import Struct, field, replace
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.process import PosixProcess, ProcessFactory, WorkerProcess, WorkerSpec, stream_target
 from xlarun.supervision.relay import Pipe, PipeReaders, StreamRelay, drain, read_tail
@@ -60,8 +60,7 @@ from xlarun.supervision.signals import RELAYED_SIGNALS, SUSPEND_SIGNAL, SignalIn
 from xlarun.supervision.watches import Hang, Hangs, OomWatch, Watch
 
 
-@dataclass
-class WorkerResult:
+class WorkerResult(Struct):
     local_rank: int
     rank: int
     pid: int
@@ -84,8 +83,7 @@ class WorkerResult:
         return -self.returncode if self.returncode is not None and self.returncode < 0 else None
 
 
-@dataclass
-class GroupOutcome:
+class GroupOutcome(Struct):
     results: list[WorkerResult]
     failures: list[WorkerResult]
     launcher_signal: int | None = None
@@ -112,8 +110,7 @@ class Cause(enum.Enum):
     """The launcher was sent a stop signal."""
 
 
-@dataclass(frozen=True)
-class Stopping:
+class Stopping(Struct, frozen=True):
     """How a worker group is being torn down: one value, which the group replaces whole.
 
     Every process group got :attr:`signal`; SIGKILL follows at :attr:`deadline`. A stop signal sent
@@ -162,8 +159,7 @@ class Stopping:
         return self if self.reason is not None else replace(self, reason=reason)
 
 
-@dataclass(eq=False)
-class Worker:
+class Worker(Struct, eq=False):
     """One worker from start to end, as the event loop tracks it."""
 
     spec: WorkerSpec

@@ -21,10 +21,10 @@ launcher's own start-up, for eight gauges.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import cast
 
 from xlarun.failures import event_returncode
+from xlarun.structs import Struct, field
 from xlarun.supervision.events import Event
 from xlarun.supervision.sinkfiles import replace_whole
 
@@ -47,8 +47,7 @@ def _label_value(value: object) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-@dataclass
-class MetricsTextfile:
+class MetricsTextfile(Struct):
     """Keeps the gauges the events move and rewrites the file at each one; see the module docstring."""
 
     path: str

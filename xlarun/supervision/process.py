@@ -11,16 +11,15 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import IO, Protocol
 
 from xlarun.host.procfs import process_stats
+from xlarun.structs import Struct
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.relay import StreamPlan, StreamRelay, WorkerLogPlan
 
 
-@dataclass(frozen=True)
-class WorkerSpec:
+class WorkerSpec(Struct, frozen=True):
     local_rank: int
     rank: int
     argv: list[str]
@@ -29,8 +28,7 @@ class WorkerSpec:
     cwd: str | None = None
 
 
-@dataclass(frozen=True)
-class Usage:
+class Usage(Struct, frozen=True):
     """What the kernel counted for a reaped worker (``wait4``'s rusage, its reaped children included)."""
 
     peak_rss_mib: float

@@ -17,11 +17,11 @@ import selectors
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import IO, BinaryIO
 
 from xlarun.console import ConsoleWriter, console, say
 from xlarun.contract import STEP_LOG_VARIABLE
+from xlarun.structs import Struct
 
 TAIL_LINES = 200
 """The last stderr lines kept of each worker: enough for a traceback of a deep stack, chained
@@ -30,8 +30,7 @@ exceptions and all, which the failure report quotes whole (:func:`xlarun.failure
 MAX_PARTIAL_LINE = 64 * 1024
 
 
-@dataclass(frozen=True)
-class MatchingLines:
+class MatchingLines(Struct, frozen=True):
     """The attempt's file that receives every tee'd line holding one of ``needles``, behind its prefix.
 
     All the workers of an attempt append to it, each a whole line at a time (one ``write`` of a
@@ -42,8 +41,7 @@ class MatchingLines:
     needles: tuple[str, ...]
 
 
-@dataclass(frozen=True)
-class StreamPlan:
+class StreamPlan(Struct, frozen=True):
     """Where one worker stream goes. ``file`` and ``console_fd`` may both be set (tee)."""
 
     file: str | None = None
@@ -59,8 +57,7 @@ class StreamPlan:
     """Unprefixed console text goes out in whole lines too, as prefixed text does."""
 
 
-@dataclass(frozen=True)
-class WorkerLogPlan:
+class WorkerLogPlan(Struct, frozen=True):
     directory: str
     error_file: str
     stdout: StreamPlan

@@ -20,13 +20,13 @@ import re
 import signal
 import socket
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from xlarun.console import console, say
 from xlarun.contract import STACKS_FILE, read_error_file
 from xlarun.failures import NOT_AVAILABLE, FailureRecord, signal_name, stderr_excerpt
 from xlarun.rendezvous import LostNode
+from xlarun.structs import Struct, asdict, field, fields
 from xlarun.supervision.end import HangCause, RootCause, RunEnd
 from xlarun.supervision.group import WorkerResult
 
@@ -199,8 +199,7 @@ def print_root_cause(end: RunEnd, script: str) -> None:
             say(f"no stacks came from rank{'s' if len(cause.missing) > 1 else ''} {rank_ranges(cause.missing)}")
 
 
-@dataclass
-class RunSummary:
+class RunSummary(Struct):
     """What the summary file records for CI scripts: the run's attempts as they end, and then its end."""
 
     run_id: str

@@ -27,11 +27,11 @@ import tempfile
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from typing import IO
 
 from xlarun.contract import ERROR_FILE_VARIABLE, STACKS_DESCRIPTOR, STACKS_SIGNAL, STACKS_VARIABLE, stacks_file
 from xlarun.host.procfs import process_owner, process_stats, started_environ
+from xlarun.structs import Struct
 
 DUMP_WAIT = 3.0
 """How long a dump may take to appear: the handler writes it at once, unless the process is stopped."""
@@ -48,8 +48,7 @@ _ATTEMPT = re.compile(r"attempt_\d+")
 """The name of an attempt's log directory, which holds each worker's (:mod:`xlarun.supervision.logs`)."""
 
 
-@dataclass(frozen=True)
-class StackTarget:
+class StackTarget(Struct, frozen=True):
     rank: int
     pid: int
     path: str
@@ -109,8 +108,7 @@ def dump_stacks(
     return dict(sorted(dumps.items()))
 
 
-@dataclass
-class _Dump:
+class _Dump(Struct):
     """One dump asked for: the file's size before it, and since when the file has kept its size."""
 
     target: StackTarget
@@ -194,8 +192,7 @@ def append_native(path: str, text: str) -> None:
         pass  # the worker's directory is gone or refuses: the Python stacks are there already
 
 
-@dataclass(frozen=True)
-class Snapshot:
+class Snapshot(Struct, frozen=True):
     """Where each worker of a hung group stood, from the stacks it dumped."""
 
     positions: dict[int, str]
@@ -286,8 +283,7 @@ def _read_from(target: StackTarget, offset: int) -> str:
         return ""
 
 
-@dataclass(frozen=True)
-class Frame:
+class Frame(Struct, frozen=True):
     file: str
     line: str
     function: str
@@ -348,8 +344,7 @@ def describe_positions(positions: Mapping[int, str]) -> str:
     )
 
 
-@dataclass(frozen=True)
-class LiveWorker:
+class LiveWorker(Struct, frozen=True):
     pid: int
     rank: int
     local_rank: int

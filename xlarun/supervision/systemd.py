@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import socket
 from collections.abc import Mapping
-from dataclasses import dataclass, field
 from typing import cast
 
+from xlarun.structs import Struct, field
 from xlarun.supervision.events import Event
 
 
@@ -28,8 +28,7 @@ def socket_address(value: str) -> str:
     return "\0" + value[1:] if value.startswith("@") else value
 
 
-@dataclass
-class SystemdNotify:
+class SystemdNotify(Struct):
     """Tells systemd the launch's state; see the module docstring."""
 
     address: str

@@ -28,11 +28,11 @@ import json
 import os
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import cast
 
 from xlarun.config import LaunchConfig
 from xlarun.failures import event_returncode
+from xlarun.structs import Struct, field
 from xlarun.supervision.events import Event
 
 _NO_ERROR_FILE = {"message": "<NONE>", "errorTraits": {"category": "system_terminated_error", "retryability": "False"}}
@@ -41,8 +41,7 @@ _SIGNALLED = {"message": "<NONE>"}
 """torchrun's ``raw_error`` for a worker a signal ended without an error file."""
 
 
-@dataclass(frozen=True)
-class TorchrunIdentity:
+class TorchrunIdentity(Struct, frozen=True):
     """What torchrun's events say of the launch that no event carries: its spec."""
 
     role: str
@@ -66,16 +65,14 @@ class TorchrunIdentity:
         )
 
 
-@dataclass
-class _Worker:
+class _Worker(Struct):
     rank: int
     local_rank: int
     pid: int
     exit: Event | None = None
 
 
-@dataclass
-class TorchrunConsoleSink:
+class TorchrunConsoleSink(Struct):
     """Retells the launch's events as torchrun's ``console`` handler lines; see the module docstring."""
 
     identity: TorchrunIdentity

@@ -31,10 +31,10 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol
 
 from xlarun.console import say
+from xlarun.structs import Struct
 
 if TYPE_CHECKING:
     # Loaded when a run watches for hangs (hangs), takes stacks (stacks), starts workers (oom), or runs
@@ -46,8 +46,7 @@ if TYPE_CHECKING:
     from xlarun.supervision.stacks import StackTaking
 
 
-@dataclass(frozen=True)
-class Hang:
+class Hang(Struct, frozen=True):
     """A hung attempt as one node saw it: the stacks it took, and where each rank stood."""
 
     reason: str
@@ -119,8 +118,7 @@ class Watch:
         """The group is gone."""
 
 
-@dataclass
-class _Taking:
+class _Taking(Struct):
     """A hung group's stacks being taken, before its teardown."""
 
     reason: str
