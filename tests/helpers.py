@@ -390,9 +390,10 @@ HOST = {"XLARUN_HOST_ROOT": str(CPU_HOST)}
 def prepare(*argv: str, env: dict[str, str] | None = None) -> LaunchPlan:
     command_line = parse_command_line(list(argv))
     assert command_line is not None
-    given, script, script_args = command_line
     environ = {**HOST, **(env or {})}
-    return plan_launch(read_options(given, environ), script, script_args, environ)
+    return plan_launch(
+        read_options(command_line.given, environ), command_line.script, command_line.script_args, environ
+    )
 
 
 def refusal(*argv: str, env: dict[str, str] | None = None) -> str:

@@ -6,9 +6,13 @@ only when called. :func:`launch` (the command's launch from Python, :mod:`xlarun
 loads the launcher on first use.
 """
 
-from typing import Any
+from __future__ import annotations
 
 from xlarun.contract import record
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Any
 
 __version__ = "0.1.0"
 

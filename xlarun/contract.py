@@ -64,9 +64,14 @@ import signal
 import stat
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
 
 from xlarun.structs import Struct
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    F = TypeVar("F", bound=Callable[..., Any])
 
 PACKAGE_DIRECTORY = os.path.dirname(os.path.abspath(__file__))
 
@@ -133,7 +138,6 @@ def hook_variables(stacks_file: str, environ: Mapping[str, str]) -> dict[str, st
 
 # --- the error file --------------------------------------------------------------------------------
 
-F = TypeVar("F", bound=Callable[..., Any])
 
 ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
 

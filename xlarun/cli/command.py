@@ -13,12 +13,12 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
 
 from xlarun.cli.options import ENV_SEPARATOR, OPTIONS, stacks_request, verb_request
 from xlarun.console import flush_consoles, say
 from xlarun.exceptions import LaunchError, UsageError
 from xlarun.flags import AGENT_FLAG, DETACHED_RUN_FLAG
+from xlarun.structs import Struct
 
 HELP_NAMES = ("-h", "--help")
 VERSION_NAME = "--version"
@@ -95,7 +95,7 @@ def expand_prefix(name: str, long_names: dict[str, bool], dests: dict[str, str])
     return matches[0]
 
 
-class CommandLine(NamedTuple):
+class CommandLine(Struct, frozen=True):
     """What the command line says: option texts by dest (``"1"`` for a switch), script, its arguments."""
 
     given: dict[str, str | None]
@@ -179,7 +179,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         code = (
             0
             if command_line is None
-            else launch_from_command_line(*command_line, os.environ, detached=record is not None, on_started=on_started)
+            else launch_from_command_line(
+                command_line.given,
+                command_line.script,
+                command_line.script_args,
+                os.environ,
+                detached=record is not None,
+                on_started=on_started,
+            )
         )
     except UsageError as error:
         say(f"error: {error}")

@@ -27,7 +27,6 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
 
 from xlarun.config import (
     DEFAULT_C10D_PORT,
@@ -48,6 +47,10 @@ from xlarun.planning.packages import RUNTIMES
 from xlarun.rdzv_conf import help_text as rdzv_conf_help
 from xlarun.runtimes import CACHE_WRITERS, COORDINATOR_PORT_SHIFT, UNPRIVILEGED_PORTS, coordinator_port
 from xlarun.structs import Struct
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Any
 
 TORCHRUN = "torchrun"
 XLARUN = "xlarun"
@@ -906,7 +909,7 @@ class Reading(Struct, frozen=True):
     defaulted: bool = False
 
 
-class OptionValues(Mapping[str, Any]):
+class OptionValues(Mapping[str, "Any"]):  # Any as text: typing is not loaded
     """Every option's parsed value by dest (``None`` for a value-less option not given).
 
     A switch is ``True`` or ``False``. ``raw(dest)`` is the text the value came from and

@@ -12,7 +12,6 @@ import json
 import os
 import sys
 from collections.abc import Callable, Mapping
-from typing import Any
 
 from xlarun.cli.options import read_options
 from xlarun.config import LaunchConfig, Topology
@@ -34,6 +33,10 @@ from xlarun.structs import replace
 from xlarun.supervision.agent import EVENTS_FLUSH_S, Agent
 from xlarun.supervision.end import RunEnd
 from xlarun.supervision.events import NO_EVENTS, EventBus, Sink, trace_id_of
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Any
 
 
 def launch_from_command_line(

@@ -19,7 +19,6 @@ import os
 import subprocess
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from xlarun import structs
 from xlarun.config import DEFAULT_MASTER_PORT, LaunchConfig, NprocRequest, Topology
@@ -45,6 +44,7 @@ from xlarun.runtimes import NATIVE_RUNTIMES, CompileCache, XlaOptions, apply_use
 from xlarun.runtimes.releases import installed_version, major_minor, release_of
 from xlarun.structs import Struct, field
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     from xlarun.runtimes import torchtpu
 

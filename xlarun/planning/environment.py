@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from xlarun.contract import ERROR_FILE_VARIABLE, LAUNCHED_MARKER, STEP_LOG_VARIABLE, hook_variables, stacks_file
 from xlarun.exceptions import PlanError
@@ -19,6 +18,7 @@ from xlarun.ranks import NodeAssignment
 from xlarun.runtimes import local_rank_reader
 from xlarun.runtimes.releases import Release
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     from xlarun.config import LaunchConfig
     from xlarun.planning.device import DevicePlan

@@ -12,13 +12,18 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Callable, Mapping
-from typing import Any, Protocol
 
 from xlarun.config import TORCH_FALSE_WORDS, TORCH_TRUE_WORDS, LaunchConfig, WorkerCommand, endpoint_parts
 from xlarun.exceptions import UsageError
 from xlarun.flags import flag
 from xlarun.planning.packages import LONE_NODE_ON_A_FREE_PORT, Release
 from xlarun.rdzv_conf import read_seconds, seconds_keys
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+else:
+    Protocol = object  # the protocols below only type; at run time they are plain classes
 
 
 class OptionValues(Protocol):

@@ -21,7 +21,6 @@ import os
 import socket
 import time
 from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any, Protocol
 
 from xlarun import structs
 from xlarun.console import StatusLine
@@ -30,9 +29,14 @@ from xlarun.host.ports import free_ports
 from xlarun.ranks import NodeAssignment
 from xlarun.structs import Struct
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
+    from typing import Any, Protocol
+
     from xlarun.config import LaunchConfig
     from xlarun.rendezvous.store import Connector
+else:
+    Protocol = object  # the protocols below only type; at run time they are plain classes
 
 
 LOST_NODE_EXIT_CODE = 1

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.host.ports import host_port
@@ -38,6 +37,7 @@ from xlarun.ranks import NodeAssignment
 from xlarun.runtimes.releases import NEWEST, Release
 from xlarun.structs import Struct
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     from types import ModuleType
 

@@ -21,7 +21,6 @@ import selectors
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
 
 from xlarun import structs
 from xlarun.config import LaunchConfig
@@ -44,7 +43,11 @@ from xlarun.supervision.report import RunSummary, failure_of, host_name, print_r
 from xlarun.supervision.signals import SUSPEND_SIGNAL, SignalInbox, suspend_self
 from xlarun.supervision.watches import NoticeWatch
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Any, TypeVar
+
+    T = TypeVar("T")
 
 
 WorkerVariables = Callable[[NodeAssignment, int, str], Mapping[str, str]]

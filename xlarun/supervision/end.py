@@ -18,14 +18,17 @@ the root cause's status (:func:`~xlarun.failures.exit_status`), 128+N for the la
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Literal
 
 from xlarun.exceptions import LaunchError
 from xlarun.failures import HUNG_EXIT_CODE, FailureRecord, signal_exit_status
 from xlarun.rendezvous import LostNode, NodeStacks
 from xlarun.structs import Struct, replace
 
-Result = Literal["succeeded", "failed", "hung", "signalled", "launcher_error", "not_needed", "preempted"]
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Literal, TypeAlias
+
+Result: TypeAlias = 'Literal["succeeded", "failed", "hung", "signalled", "launcher_error", "not_needed", "preempted"]'
 """The summary file's ``result``: ``not_needed`` is a node the job ended without (an elastic job
 that finished before it was let in); ``preempted`` a run that did not succeed after the metadata server
 said the VM stops (:meth:`RunEnd.preempted`)."""

@@ -26,10 +26,15 @@ import socket
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Protocol
 
 from xlarun.console import say
 from xlarun.structs import Struct, field
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Protocol
+else:
+    Protocol = object  # the protocols below only type; at run time they are plain classes
 
 SCHEMA_VERSION = 1
 """The event record's version: raised when a field changes meaning or goes away (adding one does not)."""

@@ -11,12 +11,17 @@ from __future__ import annotations
 import os
 import subprocess
 from collections.abc import Callable
-from typing import IO, Protocol
 
 from xlarun.host.procfs import process_stats
 from xlarun.structs import Struct
 from xlarun.supervision.guard import OrphanGuard
 from xlarun.supervision.relay import StreamPlan, StreamRelay, WorkerLogPlan
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import IO, Protocol
+else:
+    Protocol = object  # the protocols below only type; at run time they are plain classes
 
 
 class WorkerSpec(Struct, frozen=True):

@@ -17,11 +17,14 @@ import selectors
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from typing import IO, BinaryIO
 
 from xlarun.console import ConsoleWriter, console, say
 from xlarun.contract import STEP_LOG_VARIABLE
 from xlarun.structs import Struct
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import IO, BinaryIO, TypeAlias
 
 TAIL_LINES = 200
 """The last stderr lines kept of each worker: enough for a traceback of a deep stack, chained
@@ -342,7 +345,7 @@ class StreamRelay:
 
 READ_CHUNK = 64 * 1024
 
-Pipe = tuple[IO[bytes], Callable[[], bool]]
+Pipe: TypeAlias = "tuple[IO[bytes], Callable[[], bool]]"
 """A worker's output pipe and the reader that copies what it holds to the stream's relay."""
 
 

@@ -20,7 +20,6 @@ import re
 import signal
 import socket
 from collections.abc import Mapping
-from typing import Any
 
 from xlarun.console import console, say
 from xlarun.contract import STACKS_FILE, read_error_file
@@ -29,6 +28,10 @@ from xlarun.rendezvous import LostNode
 from xlarun.structs import Struct, asdict, field, fields
 from xlarun.supervision.end import HangCause, RootCause, RunEnd
 from xlarun.supervision.group import WorkerResult
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Any
 
 MAX_WIDTH = 60
 MAX_QUOTED_BYTES = 64 * 1024

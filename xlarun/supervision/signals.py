@@ -25,7 +25,8 @@ import os
 import signal
 import threading
 from collections.abc import Iterable
-from typing import NamedTuple
+
+from xlarun.structs import Struct
 
 RELAYED_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 SUSPEND_SIGNAL = signal.SIGTSTP
@@ -82,7 +83,7 @@ class SignalInbox:
             received.extend(number for number in data if number in self._signals)
 
 
-class StopRequest(NamedTuple):
+class StopRequest(Struct, frozen=True):
     reason: str
     hung: bool
     """Another node found the job hung: the workers' stacks are taken before they are stopped."""

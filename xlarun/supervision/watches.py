@@ -31,12 +31,14 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Protocol
 
 from xlarun.console import say
 from xlarun.structs import Struct
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
+    from typing import Protocol
+
     # Loaded when a run watches for hangs (hangs), takes stacks (stacks), starts workers (oom), or runs
     # where a metadata server is (metadata).
     from xlarun.host.metadata import Notice, Notices
@@ -44,6 +46,8 @@ if TYPE_CHECKING:
     from xlarun.supervision.group import Worker, WorkerResult
     from xlarun.supervision.hangs import HangWatch
     from xlarun.supervision.stacks import StackTaking
+else:
+    Protocol = object  # the protocols below only type; at run time they are plain classes
 
 
 class Hang(Struct, frozen=True):
