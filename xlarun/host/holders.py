@@ -21,13 +21,16 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 from xlarun.durations import format_age
 from xlarun.flags import flag
 from xlarun.host.devices import device_files, host_root
 from xlarun.host.procfs import CLOCK_TICKS, started_environ, stat_fields
 from xlarun.structs import Struct
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Any
 
 SHARED_BY_DESIGN = ("nvidia-persistenced", "nv-hostengine")
 """Daemons that keep GPUs open on purpose (persistence mode, DCGM) and never stop a run.

@@ -41,10 +41,13 @@ import socket
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from xlarun.host.devices import METADATA_HOST_VARIABLE
 from xlarun.structs import Struct
+
+TYPE_CHECKING = False  # typing stays off a launch's path
+if TYPE_CHECKING:
+    from typing import Any, TypeAlias
 
 DEFAULT_METADATA_HOST = "metadata.google.internal"
 INSTANCE_PATH = "/computeMetadata/v1/instance/"
@@ -101,7 +104,7 @@ def _hostname_and_port(host: str) -> tuple[str, int]:
     return hostname, port
 
 
-_Addresses = Sequence[tuple[socket.AddressFamily, socket.SocketKind, int, str, Any]]
+_Addresses: TypeAlias = "Sequence[tuple[socket.AddressFamily, socket.SocketKind, int, str, Any]]"
 
 
 def _look_up(hostname: str, port: int, deadline: float) -> _Addresses:

@@ -40,12 +40,12 @@ the job compile into one cache; torch_xla's own persistent cache comes on top
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes.limits import check_variable_size
 from xlarun.runtimes.releases import NEURON_IMPORT_CONFIGURES
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions

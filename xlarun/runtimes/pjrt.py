@@ -27,11 +27,11 @@ again; a TPU loads it.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 from xlarun.contract import SPMD_MARKER
 from xlarun.host.devices import pjrt_device_name
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions

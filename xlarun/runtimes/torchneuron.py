@@ -32,8 +32,8 @@ rank gets the same directory.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions

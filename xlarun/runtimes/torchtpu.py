@@ -65,7 +65,6 @@ import hashlib
 import os
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes.limits import check_variable_size
@@ -73,6 +72,7 @@ from xlarun.runtimes.megascale import MegaScale
 from xlarun.runtimes.tpu import TpuTopology
 from xlarun.structs import Struct
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions

@@ -38,12 +38,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from xlarun.exceptions import PlanError
 from xlarun.runtimes.releases import XLA_INIT_PINS_ONE_LOCAL_PROCESS
 from xlarun.structs import Struct
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions

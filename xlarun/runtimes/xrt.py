@@ -15,11 +15,10 @@ address and the job's coordinator port.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from xlarun.contract import XRT_DEVICE_KINDS, XRT_TASK_JOB
 from xlarun.exceptions import PlanError
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     from xlarun.ranks import NodeAssignment
     from xlarun.runtimes import XlaOptions

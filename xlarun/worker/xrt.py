@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import os
 from collections.abc import MutableMapping, Sequence
-from typing import TYPE_CHECKING
 
 from xlarun.contract import XRT_DEVICE_KINDS, XRT_TASK_JOB
 from xlarun.host.ports import address_facing, free_port, host_port
 from xlarun.runtimes.releases import FIRST_WITHOUT_XRT, installed_version, major_minor
 
+TYPE_CHECKING = False  # typing stays off a launch's path
 if TYPE_CHECKING:
     import torch.distributed
 
