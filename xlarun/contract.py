@@ -57,7 +57,6 @@ one cluster, so they read their names from here.
 from __future__ import annotations
 
 import functools
-import json
 import math
 import os
 import signal
@@ -163,6 +162,8 @@ def record(fn: F) -> F:
 
 
 def write_error_file(error: BaseException, callstack: str, path: str | None = None) -> None:
+    import json  # only what reads or writes a record loads json
+
     path = path or os.environ.get(ERROR_FILE_VARIABLE)
     if not path:
         return
@@ -201,6 +202,8 @@ def read_error_file(path: str | None) -> ErrorRecord | None:
     shape or depth, is read or refused without failing. A timestamp that is not plausible
     (:func:`plausible_time`) is dropped, so the report keeps the worker's exit time.
     """
+    import json
+
     found = _read_regular_file(path) if path else None
     if found is None:
         return None

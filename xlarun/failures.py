@@ -20,9 +20,7 @@ HUNG_EXIT_CODE = 124
 """The launcher's exit code when the workers were found hung (``--hang-timeout``), as timeout(1)'s."""
 QUOTED_STDERR_LINES = 20
 """How many of its last stderr lines a failed worker's record quotes where they hold no Python traceback."""
-_TRACEBACK_START = re.compile(
-    r"Traceback \(most recent call last\):|  \+ Exception Group Traceback \(most recent call last\):"
-)
+_TRACEBACK_START = r"Traceback \(most recent call last\):|  \+ Exception Group Traceback \(most recent call last\):"
 """The first line of a traceback Python prints for an uncaught exception, or exception group (3.11)."""
 _CHAINING_LINES = frozenset(
     {
@@ -98,7 +96,7 @@ def stderr_excerpt(tail: Sequence[str]) -> str:
     :data:`QUOTED_STDERR_LINES` lines. A warning or a message printed before the traceback is
     left out, so the report's traceback field starts where the failure's story does.
     """
-    starts = [index for index, line in enumerate(tail) if _TRACEBACK_START.fullmatch(line.rstrip())]
+    starts = [index for index, line in enumerate(tail) if re.fullmatch(_TRACEBACK_START, line.rstrip())]
     if not starts:
         return "\n".join(tail[-QUOTED_STDERR_LINES:])
     start = starts.pop()

@@ -12,6 +12,7 @@ import re
 import shutil
 import signal
 import subprocess
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -339,3 +340,11 @@ def test_a_devices_name_counts_what_auto_counts_there(host: str, word: str, coun
     env = {"XLARUN_HOST_ROOT": str(TESTS / "fixtures" / "hosts" / host)}
     for given in (word, "auto"):
         assert prepare("--dry-run", "--nproc_per_node", given, "train.py", env=env).config.nproc_per_node == count
+
+
+def test_standalone_runs_get_a_random_uuid4_as_their_id_as_torchrun_gives() -> None:
+    run_ids = {prepare("--standalone", "t.py").config.rdzv_id for _ in range(64)}
+    assert len(run_ids) == 64
+    for run_id in run_ids:
+        parsed = uuid.UUID(run_id)
+        assert parsed.version == 4 and parsed.variant == uuid.RFC_4122 and str(parsed) == run_id

@@ -85,14 +85,14 @@ MAX_WORKERS_PER_NODE = 4194304
 """Linux's ``PID_MAX_LIMIT`` on 64-bit hosts: no host runs more processes, so no node more workers."""
 
 
-_NPROC_WORD = re.compile(r"^[a-z][a-z0-9_]*$")
+_NPROC_WORD = r"^[a-z][a-z0-9_]*$"
 """A word for the count: ``auto``, ``cpu``, ``gpu``, ``xpu``, ``tpu``, ``neuron``, or what looks like a PrivateUse1
 backend's name (``npu``), checked against the installed torch's once the workers are counted
 (:func:`xlarun.planning.device.count_workers`)."""
 
 
 def parse_nproc(text: str) -> NprocRequest:
-    if _NPROC_WORD.match(text):
+    if re.match(_NPROC_WORD, text):
         return NprocRequest(word=text)
     count = _integer(text)
     if count < 1:
@@ -128,15 +128,15 @@ GRACE_SECONDS = Seconds(zero_allowed=True)
 SECONDS = Seconds()
 
 
-_STREAM_VALUE = re.compile(r"^[0-3]$")
-_STREAM_MAPPING = re.compile(r"^\d+:[0-3](,\d+:[0-3])*$")
+_STREAM_VALUE = r"^[0-3]$"
+_STREAM_MAPPING = r"^\d+:[0-3](,\d+:[0-3])*$"
 
 
 def parse_stream_spec(text: str) -> StreamSpec:
     """torchrun's ``-r``/``-t`` format: ``0``–``3`` for every rank, or ``0:1,1:2`` per local rank."""
-    if _STREAM_VALUE.match(text):
+    if re.match(_STREAM_VALUE, text):
         return StreamSpec(default=int(text))
-    if _STREAM_MAPPING.match(text):
+    if re.match(_STREAM_MAPPING, text):
         pairs = (item.split(":") for item in text.split(","))
         return StreamSpec(per_rank={_integer(rank): int(bits) for rank, bits in pairs})
     raise InvalidValue()
@@ -1069,7 +1069,7 @@ def verb_request(args: Sequence[str]) -> VerbRequest | None:
     return VerbRequest(verb, given[0], frozenset(chosen))
 
 
-_PID = re.compile(r"[0-9]{1,7}")
+_PID = r"[0-9]{1,7}"
 """A process id: Linux's are below its PID_MAX_LIMIT, 4194304 (ASCII digits only: ``int()`` takes other
 scripts' digits, and refuses more than 4,300 of them)."""
 
@@ -1084,6 +1084,6 @@ def stacks_request(args: Sequence[str]) -> tuple[bool, int | None]:
         raise UsageError(f"{STACKS_NAME} takes at most one argument, the launcher's PID: got {' '.join(rest)}")
     if not rest:
         return True, None
-    if not _PID.fullmatch(rest[0]):
+    if not re.fullmatch(_PID, rest[0]):
         raise UsageError(f"{STACKS_NAME} {rest[0]}: expected the launcher's process id")
     return True, int(rest[0])

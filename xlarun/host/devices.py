@@ -46,12 +46,12 @@ NEURON_CORES_PER_DEVICE_TRN2 = 4
 per logical core (``NEURON_LOGICAL_NC_CONFIG=2``); give the worker count explicitly
 when running trn2 with one physical core per logical core."""
 
-NEURON_DEVICE_NAME = re.compile(r"^neuron\d+$")
-NVIDIA_DEVICE_NAME = re.compile(r"^nvidia\d+$")
+NEURON_DEVICE_NAME = r"^neuron\d+$"
+NVIDIA_DEVICE_NAME = r"^nvidia\d+$"
 
-DEVICE_FILES: Mapping[str, tuple[tuple[str, re.Pattern[str]], ...]] = {
+DEVICE_FILES: Mapping[str, tuple[tuple[str, str], ...]] = {
     # A VFIO group node per chip; /dev/vfio/vfio is the container node every VFIO user shares.
-    "tpu": (("dev", re.compile(r"^accel\d+$")), ("dev/vfio", re.compile(r"^(noiommu-)?\d+$"))),
+    "tpu": (("dev", r"^accel\d+$"), ("dev/vfio", r"^(noiommu-)?\d+$")),
     "neuron": (("dev", NEURON_DEVICE_NAME),),
     # One node per GPU; nvidiactl, nvidia-uvm and nvidia-modeset are opened by every CUDA program.
     "cuda": (("dev", NVIDIA_DEVICE_NAME),),
@@ -163,7 +163,7 @@ def device_files(device: str, root: str = "/") -> set[str]:
     for directory, pattern in DEVICE_FILES.get(device, ()):
         path = os.path.join(root, directory)
         for name in list_dir(path):
-            if pattern.match(name):
+            if re.match(pattern, name):
                 # fd links show the path the file was opened by, with symlinks resolved.
                 found.add(os.path.realpath(os.path.join(path, name)))
     return found
@@ -204,7 +204,7 @@ def tpu_chip_id(root: str = "/") -> str | None:
 
 def neuron_device_count(root: str = "/") -> int:
     """Neuron devices, counted as the ``/dev/neuron<N>`` nodes the Neuron driver creates."""
-    return sum(1 for name in list_dir(_under(root, "dev")) if NEURON_DEVICE_NAME.match(name))
+    return sum(1 for name in list_dir(_under(root, "dev")) if re.match(NEURON_DEVICE_NAME, name))
 
 
 def neuron_core_count(root: str = "/") -> int:
@@ -226,4 +226,4 @@ def nvidia_gpu_count(root: str = "/") -> int:
     from_proc = len(list_dir(_under(root, "proc", "driver", "nvidia", "gpus")))
     if from_proc:
         return from_proc
-    return sum(1 for name in list_dir(_under(root, "dev")) if NVIDIA_DEVICE_NAME.match(name))
+    return sum(1 for name in list_dir(_under(root, "dev")) if re.match(NVIDIA_DEVICE_NAME, name))

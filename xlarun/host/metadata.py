@@ -245,7 +245,7 @@ LONG_POLL_S = 300
 """How long the server may hold one long poll (``timeout_sec``): a quiet VM costs one request per key this often."""
 MAX_PAUSE_S = 60.0
 """The longest pause before a server that failed, or did not wait, is asked again."""
-_ETAG = re.compile(r"[0-9A-Za-z]{1,128}")
+_ETAG = r"[0-9A-Za-z]{1,128}"
 """An ``ETag`` sent back as ``last_etag``: the server's are hex digits; anything else is not sent back."""
 
 
@@ -307,7 +307,7 @@ class Notices:
                 continue
             value = value.strip()
             changed, seen = value != seen, value
-            etag = tag if _ETAG.fullmatch(tag) else ""
+            etag = tag if re.fullmatch(_ETAG, tag) else ""
             if changed:
                 self._hand(key, value)
             # A long poll answered at once with nothing new: the server does not wait, so it is asked later.

@@ -36,7 +36,7 @@ import re
 import time
 
 KERNEL_LOG = "/dev/kmsg"
-_VICTIM = re.compile(r"Killed process (\d+) |^oom-kill:.*,pid=(\d+),")
+_VICTIM = r"Killed process (\d+) |^oom-kill:.*,pid=(\d+),"
 _RECORDS_PER_READ = 100_000
 """More than a kernel's log buffer holds: a bound on one read of the log, whatever writes to it."""
 _INITIAL_PID_NAMESPACE = 0xEFFFFFFC
@@ -98,7 +98,7 @@ class OomWitness:
                 break
             if not record:
                 break  # the kernel's log never ends: not the log
-            found = _VICTIM.search(record.partition(";")[2].split("\n", 1)[0])
+            found = re.search(_VICTIM, record.partition(";")[2].split("\n", 1)[0])
             if found:
                 self._victims.add(int(found[1] or found[2]))
         self.close()

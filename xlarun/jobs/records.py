@@ -60,7 +60,7 @@ started leaves a run without one."""
 KEPT_FINISHED_RUNS = 100
 """The most runs that ended a state directory keeps: recording a new run removes the oldest beyond them."""
 BOOT_ID = "/proc/sys/kernel/random/boot_id"
-_ID = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}")
+_ID = r"[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}"
 """What a run id must be to name a directory of its own (a ``--rdzv-id``, or one made up)."""
 
 
@@ -254,7 +254,7 @@ class JobStore:
     ) -> Job:
         """A new run's record, before its launcher starts. A finished run of the same id gives way to it;
         a running one refuses it (:class:`UsageError`)."""
-        if not _ID.fullmatch(job_id):
+        if not re.fullmatch(_ID, job_id):
             raise UsageError(
                 f"run id {job_id!r} cannot name a run you can leave: letters, digits, '_', '.' and '-' only"
             )

@@ -8,7 +8,6 @@ run prints it or a rendezvous is chosen and the agent runs it. A job on several 
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -274,6 +273,8 @@ def check_command(config: LaunchConfig) -> None:
 
 def print_plan(prepared: LaunchPlan, environ: Mapping[str, str]) -> int:
     """Print the dry run's plan on stdout, and on stderr the lines a real run would print with what was assumed."""
+    import json  # only what reads or writes a record loads json
+
     from xlarun.planning.dryrun import plan_document  # the dry run's own module: a real run never loads it
 
     cache = prepared.device.compile_cache

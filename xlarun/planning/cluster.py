@@ -94,12 +94,12 @@ SLURM_PORT_BLOCKS = 2500
 # A prime stride puts a job's later steps far from the blocks of neighbouring job ids.
 _SLURM_STEP_STRIDE = 97
 
-_DIGITS = re.compile(r"[0-9]+")
-_TPU_ENV_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9,._-]{0,63}")
+_DIGITS = r"[0-9]+"
+_TPU_ENV_VALUE = r"[A-Za-z0-9][A-Za-z0-9,._-]{0,63}"
 """A ``tpu-env`` value the plan takes: an accelerator type (``v5litepod-16``), bounds (``1,1,2``), a topology."""
-_TPU_ENV_ADDRESS = re.compile(r"[A-Za-z0-9\[][A-Za-z0-9.:_\[\]-]{0,252}")
+_TPU_ENV_ADDRESS = r"[A-Za-z0-9\[][A-Za-z0-9.:_\[\]-]{0,252}"
 """``tpu-env``'s MegaScale coordinator: a host name or address and its port."""
-_TASKS_PER_NODE_ITEM = re.compile(r"([0-9]+)(?:\(x[0-9]+\))?")
+_TASKS_PER_NODE_ITEM = r"([0-9]+)(?:\(x[0-9]+\))?"
 _LOOPBACK_NAMES = ("localhost", "::1")
 
 
@@ -283,7 +283,9 @@ def _read_k8s(environ: Mapping[str, str]) -> ClusterSettings:
     master_port = _optional_port(environ, "k8s", port_names)
     nproc_text = environ.get("PET_NPROC_PER_NODE", "")
     # "auto", "gpu" or "cpu" are torchrun's own values: left to the option's own rules.
-    nproc_per_node = _parse_count(nproc_text, "PET_NPROC_PER_NODE", "k8s") if _DIGITS.fullmatch(nproc_text) else None
+    nproc_per_node = (
+        _parse_count(nproc_text, "PET_NPROC_PER_NODE", "k8s") if re.fullmatch(_DIGITS, nproc_text) else None
+    )
     read_from = {"nnodes": nnodes_name, "node_rank": rank_name, "master_addr": master_addr_name}
     if master_port is not None:
         read_from["master_port"] = _set_name(environ, port_names)
@@ -417,7 +419,7 @@ def _read_tpu_vm(environ: Mapping[str, str]) -> ClusterSettings:
             "of <name>:<uid>:<ip> entries"
         )
     hosts = [parts[2] for parts in endpoints]
-    if not _DIGITS.fullmatch(worker_text) or len(worker_text.lstrip("0")) > len(str(len(hosts))):
+    if not re.fullmatch(_DIGITS, worker_text) or len(worker_text.lstrip("0")) > len(str(len(hosts))):
         raise UsageError(
             f"{flag('cluster')} tpu-vm: agent-worker-number='{shown(worker_text, 40)}' is not a whole "
             f"number below the node count {len(hosts)}"
@@ -432,7 +434,7 @@ def _read_tpu_vm(environ: Mapping[str, str]) -> ClusterSettings:
         pattern = _TPU_ENV_ADDRESS if key == megascale.COORDINATOR else _TPU_ENV_VALUE
         if variable is None or (key in megascale.NAMES and not value):  # an empty MegaScale key is an unset one
             continue
-        if not pattern.fullmatch(value):
+        if not re.fullmatch(pattern, value):
             raise UsageError(
                 f"{flag('cluster')} tpu-vm: tpu-env's {key}='{shown(value, 40)}' is not "
                 + (
@@ -556,12 +558,12 @@ def _parse_count(text: str, name: str, kind: str, least: int = 1) -> int:
     """``text`` read as a whole number ``least`` (0 or 1) or more, of at most
     :data:`~xlarun.planning.hostlist.MAX_NUMBER_DIGITS` digits; a UsageError naming ``name`` otherwise."""
     what = "a positive whole number" if least else "a whole number 0 or more"
-    if _DIGITS.fullmatch(text) and too_long(text):
+    if re.fullmatch(_DIGITS, text) and too_long(text):
         raise UsageError(
             f"{flag('cluster')} {kind}: {name} is a number of {len(text)} digits, not {what} of at "
             f"most {MAX_NUMBER_DIGITS} digits as a scheduler gives"
         )
-    if not _DIGITS.fullmatch(text) or int(text) < least:
+    if not re.fullmatch(_DIGITS, text) or int(text) < least:
         raise UsageError(f"{flag('cluster')} {kind}: {name}={text!r} is not {what}")
     return int(text)
 
@@ -602,7 +604,7 @@ def _most_tasks_on_a_node(tasks_per_node: str) -> int:
     """The largest count in Slurm's compressed tasks-per-node form, e.g. ``2(x3),1``."""
     counts = []
     for item in tasks_per_node.split(","):
-        match = _TASKS_PER_NODE_ITEM.fullmatch(item)
+        match = re.fullmatch(_TASKS_PER_NODE_ITEM, item)
         if match is None or too_long(match.group(1)):
             raise UsageError(
                 f"{flag('cluster')} slurm: SLURM_STEP_TASKS_PER_NODE={tasks_per_node!r} is not"

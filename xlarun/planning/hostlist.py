@@ -36,7 +36,7 @@ count or rank. Each fits in 64 bits, as Slurm, Open MPI and Kubernetes hold them
 refused as malformed before ``int()``, which reads no more than 4,300 digits, is asked to."""
 
 _SEPARATORS = ", \t"
-_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_RANGE = r"([0-9]+)(?:-([0-9]+))?"
 
 
 class _Range(Struct, frozen=True):
@@ -150,7 +150,7 @@ def _parse_name(name: str) -> _Pattern:
 def _parse_group(body: str, name: str) -> tuple[_Range, ...]:
     ranges = []
     for item in body.split(","):
-        match = _RANGE.fullmatch(item)
+        match = re.fullmatch(_RANGE, item)
         if match is None:
             raise UsageError(f"host name pattern {name!r}: {item!r} is not a number or a lo-hi range of digits")
         low_digits, high_digits = match.groups()

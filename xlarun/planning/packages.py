@@ -107,7 +107,7 @@ def _version_text(version: tuple[int, int]) -> str:
     return f"{version[0]}.{version[1]}"
 
 
-_REQUIREMENT = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?$")
+_REQUIREMENT = r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[[^\]]*\])?\s*\(?([^;()]*)\)?\s*(?:;(.*))?$"
 """A ``Requires-Dist`` value: the name, any extras, the specifier (bare or in parentheses), any marker."""
 
 
@@ -124,13 +124,13 @@ def installed_torch_requirement(distribution: str) -> str | None:
         return None
     for line in headers.splitlines():
         key, _, value = line.partition(":")
-        match = _REQUIREMENT.match(value) if key.strip().lower() == "requires-dist" else None
+        match = re.match(_REQUIREMENT, value) if key.strip().lower() == "requires-dist" else None
         if match and match.group(1).lower() == "torch" and "extra" not in (match.group(3) or ""):
             return match.group(2).replace(" ", "") or None
     return None
 
 
-_CLAUSE = re.compile(r"^(~=|===|==|!=|<=|>=|<|>)(.+)$")
+_CLAUSE = r"^(~=|===|==|!=|<=|>=|<|>)(.+)$"
 
 
 def satisfies(version: str, specifier: str) -> bool:
@@ -138,7 +138,7 @@ def satisfies(version: str, specifier: str) -> bool:
     ``>=2.13,<2.15``, ``~=2.14.0``), comparing release numbers; a local label (``+cpu``) never counts."""
     release = _release(version)
     for clause in filter(None, specifier.split(",")):
-        match = _CLAUSE.match(clause.strip())
+        match = re.match(_CLAUSE, clause.strip())
         if match is None:
             raise PlanError(f"cannot read the version requirement {specifier!r}")
         operator, target = match.groups()

@@ -52,7 +52,7 @@ from xlarun.flags import flag
 GCLOUD = "gcloud"
 TPU_VM = (GCLOUD, "compute", "tpus", "tpu-vm")
 MANAGED_GROUP = (GCLOUD, "compute", "instance-groups", "managed")
-INSTANCE_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$")
+INSTANCE_NAME = r"^[a-z]([-a-z0-9]{0,61}[a-z0-9])?$"
 """A Compute Engine instance's name (RFC 1035, at most 63 characters): what may stand as a host and an ssh argument."""
 DESCRIBE_TIMEOUT_S = 120.0
 """How long the listing may take: gcloud answers in seconds, but refreshes its credentials first."""
@@ -159,7 +159,7 @@ def instance_names(instances: Any) -> list[str]:
         fields = instance if isinstance(instance, dict) else {}
         url = fields.get("instance")
         name = url.rpartition("/")[2] if isinstance(url, str) else fields.get("name")
-        if not isinstance(name, str) or not INSTANCE_NAME.match(name):
+        if not isinstance(name, str) or not re.match(INSTANCE_NAME, name):
             raise ValueError(f"instance {number} has no instance name (instance={str(url)[:80]!r})")
         names.append(name)
     if len(set(names)) != len(names):

@@ -16,7 +16,6 @@ store's plumbing and key names), ``joining`` (who takes part, and each attempt's
 
 from __future__ import annotations
 
-import json
 import os
 import socket
 import time
@@ -73,11 +72,15 @@ class LostNode(Struct, frozen=True):
         return LOST_NODE_EXIT_CODE
 
     def to_json(self) -> str:
+        import json  # only what reads or writes a record loads json
+
         return json.dumps(structs.asdict(self))
 
     @classmethod
     def from_json(cls, raw: bytes) -> LostNode:
         """Raises ``ValueError`` for a record xlarun did not write: the store is anyone's to write to."""
+        import json
+
         try:
             fields = json.loads(raw)
             lost = cls(int(fields["node_rank"]), shown(fields["host"]), float(fields["silent_for"]))
@@ -124,11 +127,15 @@ class NodeStacks(Struct, frozen=True):
     """The dump file of each rank whose stacks were taken, on that node's host."""
 
     def to_json(self) -> str:
+        import json
+
         return json.dumps(structs.asdict(self))
 
     @classmethod
     def from_json(cls, raw: bytes) -> NodeStacks:
         """Raises ``ValueError`` for a record xlarun did not write; its text comes back escaped (:func:`shown`)."""
+        import json
+
         try:
             fields = json.loads(raw)
             # JSON's keys are text; the ranks are numbers again.

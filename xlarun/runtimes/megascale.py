@@ -46,7 +46,7 @@ MAX_SLICES = 65536
 (50,000+ TPU v5e chips, Google Cloud, November 2023), each of whose slices had many. A count past it is a
 typo or a wrong variable, and planning with it would give node ranks no job has."""
 
-_HOST_NAME = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9_])?")
+_HOST_NAME = r"[A-Za-z0-9_](?:[A-Za-z0-9._-]{0,251}[A-Za-z0-9_])?"
 """A host name or an IPv4 address, as a coordinator names its host: letters, digits, ``.``, ``-``, ``_``."""
 
 
@@ -160,7 +160,7 @@ def read_megascale(environ: Mapping[str, str]) -> MegaScale | None:
 
 def _names_a_host(host: str) -> bool:
     """Whether ``host`` is a host name or an IP address (IPv6 without its brackets)."""
-    if _HOST_NAME.fullmatch(host):
+    if re.fullmatch(_HOST_NAME, host):
         return True
     import ipaddress  # only for what is no host name: an IPv6 address
 

@@ -111,7 +111,7 @@ def xla_init_break(release: Release, device: str, *, spmd: bool, local_processes
     return next((case for case in XLA_INIT_BREAKS if case.applies(release, device, spmd, local_processes)), None)
 
 
-_LEADING_MAJOR_MINOR = re.compile(r"^(\d+)\.(\d+)")
+_LEADING_MAJOR_MINOR = r"^(\d+)\.(\d+)"
 
 
 def installed_version(distribution: str) -> str | None:
@@ -147,7 +147,7 @@ def _normalised(name: str) -> str:
 
 def major_minor(version: str) -> tuple[int, int]:
     """``(X, Y)`` of a version string such as ``2.9.0``, ``2.1.0+libtpu`` or ``2.10.0a0+git1``."""
-    match = _LEADING_MAJOR_MINOR.match(version)
+    match = re.match(_LEADING_MAJOR_MINOR, version)
     if not match:
         raise PlanError(f"cannot read a version number from {version!r}: expected X.Y[.Z...]")
     return int(match.group(1)), int(match.group(2))

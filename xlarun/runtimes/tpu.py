@@ -61,9 +61,9 @@ CHIPS_PER_HOST_BOUNDS_BY_COUNT = {1: "1,1,1", 4: "2,2,1", 8: "2,4,1"}
 """Chip bounds of a TPU VM host by its chip count (v4/v5p hosts have 4 chips as 2x2;
 v5e/v6e hosts have 1, 4 (2x2) or 8 (2x4)), for single-host topologies without metadata."""
 
-_BOUNDS = re.compile(r"^\d+,\d+,\d+$")
+_BOUNDS = r"^\d+,\d+,\d+$"
 # The generation digit of an accelerator type, as torch_xla reads it (v4-8, v5litepod-16, tpu7x-8).
-_ACCELERATOR_GENERATION = re.compile(r"^(?:v|tpu)(\d)[A-Za-z]*-\d+$")
+_ACCELERATOR_GENERATION = r"^(?:v|tpu)(\d)[A-Za-z]*-\d+$"
 
 
 class TpuTopology(Struct, frozen=True):
@@ -81,7 +81,7 @@ class TpuTopology(Struct, frozen=True):
     def __post_init__(self) -> None:
         for name in ("host_bounds", "chips_per_host_bounds"):
             value = getattr(self, name)
-            if not _BOUNDS.match(value) or 0 in _dims(value):
+            if not re.match(_BOUNDS, value) or 0 in _dims(value):
                 raise PlanError(f"TPU {name.replace('_', ' ')} {value!r} must be three positive integers like 2,2,1")
 
     @property
@@ -101,7 +101,7 @@ def _dims(bounds: str) -> tuple[int, ...]:
 
 def generation_of(accelerator_type: str) -> int | None:
     """The TPU generation in an accelerator type such as ``v5litepod-16`` (5), or None."""
-    match = _ACCELERATOR_GENERATION.match(accelerator_type)
+    match = re.match(_ACCELERATOR_GENERATION, accelerator_type)
     return int(match.group(1)) if match else None
 
 

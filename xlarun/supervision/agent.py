@@ -398,13 +398,13 @@ class Agent:
 EVENTS_FLUSH_S = 2.0
 """How long the run's end waits for the event sinks to take what is queued: a sink that cannot
 (a stalled disk) costs its events, counted, not a late exit."""
-_EXCEPTION_TYPE = re.compile(r"([A-Za-z_][\w.]*):")
+_EXCEPTION_TYPE = r"([A-Za-z_][\w.]*):"
 """torch's ``@record`` writes the message as ``f"{type(e).__name__}: {e}"``."""
 
 
 def error_type(message: str) -> str | None:
     """The exception type an error file's message opens with (``ValueError: ...``), or None."""
-    match = _EXCEPTION_TYPE.match(message)
+    match = re.match(_EXCEPTION_TYPE, message)
     return match.group(1) if match else None
 
 

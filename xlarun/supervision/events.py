@@ -59,13 +59,13 @@ EVENT_NAMES = (
 QUEUE_SIZE = 1024
 """Events one sink may have waiting; past that, what comes is dropped (and counted) rather than queued."""
 
-_TRACEPARENT = re.compile(r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
+_TRACEPARENT = r"^[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}"
 
 
 def trace_id_of(environ: Mapping[str, str]) -> str | None:
     """The trace id of W3C ``TRACEPARENT`` (OpenTelemetry's environment carrier), or None where it is
     absent, malformed or all zeros (invalid by the W3C spec)."""
-    match = _TRACEPARENT.match(environ.get("TRACEPARENT", "").strip())
+    match = re.match(_TRACEPARENT, environ.get("TRACEPARENT", "").strip())
     if match is None or match.group(1) == "0" * 32:
         return None
     return match.group(1)

@@ -69,7 +69,7 @@ class WorkerLogPlan(Struct, frozen=True):
     """Where the worker's Python writes its stacks when asked (:mod:`xlarun.contract`)."""
 
 
-LINE_END = re.compile(rb"[^\r\n]*(?:\r\n|\r|\n)")
+LINE_END = rb"[^\r\n]*(?:\r\n|\r|\n)"
 """One piece of a prefixed stream as the console shows it: up to a newline, or up to a carriage
 return, with which a progress bar redraws its line."""
 
@@ -119,7 +119,7 @@ class MatchingCopy:
         text = self._pending + data
         end = len(text) - 1 if text.endswith(b"\r") else len(text)
         ended = max(text.rfind(b"\n", 0, end), text.rfind(b"\r", 0, end)) + 1
-        self._copy(LINE_END.findall(text, 0, ended))
+        self._copy(re.compile(LINE_END).findall(text, 0, ended))
         self._pending = text[ended:]
 
     def close(self) -> None:
@@ -152,7 +152,7 @@ def step_log_on(variables: Mapping[str, str]) -> bool:
 
 STEP_MARK = b"torch_xla."
 """What every step line holds: a stream without it passes at once."""
-_STEP_LINE = re.compile(rb"^(?:" + rb"|".join(re.escape(line) for line in STEP_LINES) + rb")", re.MULTILINE)
+_STEP_LINE = rb"(?m)^(?:" + rb"|".join(re.escape(line) for line in STEP_LINES) + rb")"
 
 
 STEPS_FILE = "steps"
@@ -227,7 +227,7 @@ class StepLog:
             first = text.find(b"\n") + 1
             if not first:
                 return text
-        rest, steps = _STEP_LINE.subn(b"", text[first:])
+        rest, steps = re.subn(_STEP_LINE, b"", text[first:])
         self.steps += steps
         if steps and self._tally is not None:
             self._tally.record(self.steps)
@@ -329,7 +329,7 @@ class StreamRelay:
             if lead:
                 self._console.write(lead)
             return
-        pieces = LINE_END.findall(text, 0, shown)
+        pieces = re.compile(LINE_END).findall(text, 0, shown)
         self._unshown = text[shown:]
         if len(self._unshown) > MAX_PARTIAL_LINE:
             # A worker that never ends a line still gets its text out, in bounded pieces.

@@ -14,7 +14,6 @@ summary file goes through a temporary name nobody can predict.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
 import signal
@@ -38,7 +37,7 @@ MAX_QUOTED_BYTES = 64 * 1024
 """The most of a worker's text (traceback, message, stderr tail) a record keeps: its end, where the
 error is. Records are printed, written to the summary and published to the other nodes through the
 store, whose connection a record of some megabytes breaks."""
-_CONTROL_CHARACTERS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]")
+_CONTROL_CHARACTERS = "[\x00-\x08\x0b-\x1f\x7f-\x9f\ud800-\udfff]"
 """What the report shows escaped: C0 and C1 controls but newline and tab (an escape sequence would
 reach the terminal and could rewrite it), and lone surrogates, which JSON can carry but no terminal shows."""
 
@@ -106,7 +105,7 @@ def keep_end(text: str, limit: int = MAX_QUOTED_BYTES) -> str:
 
 def escape_controls(text: str) -> str:
     """``text`` with every character of :data:`_CONTROL_CHARACTERS` written as Python would (``\\x1b``)."""
-    return _CONTROL_CHARACTERS.sub(lambda found: ascii(found.group())[1:-1], text)
+    return re.sub(_CONTROL_CHARACTERS, lambda found: ascii(found.group())[1:-1], text)
 
 
 def format_failure(index: int, failure: FailureRecord) -> str:
@@ -277,6 +276,8 @@ def write_summary_file(path: str, record: Mapping[str, Any]) -> None:
     a symbolic link the file it names is replaced and the link stays; a FIFO or a device node (``/dev/null``)
     is written in place, whole, never replaced by a file (:mod:`xlarun.supervision.sinkfiles`).
     """
+    import json  # only what reads or writes a record loads json
+
     data = (json.dumps(record, indent=2) + "\n").encode()
     from xlarun.supervision.sinkfiles import written_in_place  # a FIFO's or a device's ways, seldom wanted
 

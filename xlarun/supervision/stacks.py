@@ -41,10 +41,10 @@ MAX_DUMP_BYTES = 256 * 1024
 """The most of one dump read back: faulthandler prints at most 100 frames per thread and 100 threads."""
 UNKNOWN = "no stack (its Python did not arm the dump, or closed its file)"
 
-_FRAME = re.compile(r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?+) in (?P<function>.*)$')
-_LIBRARY = re.compile(r"/lib/python\d+(\.\d+)?t?/|/site-packages/|/dist-packages/|^<")
+_FRAME = r'^\s+File "(?P<file>.*)", line (?P<line>\d+|\?+) in (?P<function>.*)$'
+_LIBRARY = r"/lib/python\d+(\.\d+)?t?/|/site-packages/|/dist-packages/|^<"
 """Where a frame is not the user's own: the standard library, installed packages, frozen modules."""
-_ATTEMPT = re.compile(r"attempt_\d+")
+_ATTEMPT = r"attempt_\d+"
 """The name of an attempt's log directory, which holds each worker's (:mod:`xlarun.supervision.logs`)."""
 
 
@@ -290,7 +290,7 @@ class Frame(Struct, frozen=True):
 
     @property
     def is_users(self) -> bool:
-        return not _LIBRARY.search(self.file)
+        return not re.search(_LIBRARY, self.file)
 
 
 def main_thread(dump: str) -> list[Frame]:
@@ -302,7 +302,7 @@ def main_thread(dump: str) -> list[Frame]:
     for line in dump.splitlines():
         if line.startswith(("Thread ", "Current thread ")):
             threads.append([])
-        elif (found := _FRAME.match(line)) and threads:
+        elif (found := re.match(_FRAME, line)) and threads:
             threads[-1].append(Frame(found["file"], found["line"], found["function"]))
     return threads[-1] if threads else []
 
@@ -418,7 +418,7 @@ def _dump_path(environ: Mapping[str, str]) -> str | None:
         or os.path.normpath(path) != path
         or path != stacks_file(os.path.dirname(environ.get(ERROR_FILE_VARIABLE, "")))
         or not os.path.basename(directory).isdigit()
-        or not _ATTEMPT.fullmatch(os.path.basename(os.path.dirname(directory)))
+        or not re.fullmatch(_ATTEMPT, os.path.basename(os.path.dirname(directory)))
     ):
         return None
     return path
