@@ -99,7 +99,11 @@ class Struct:
     """The base of every struct; ``frozen`` and ``eq`` are given as class keywords, as to ``@dataclass``."""
 
     _fields: ClassVar[tuple[Field, ...]] = ()
+    _names: ClassVar[tuple[str, ...]] = ()
+    _named: ClassVar[frozenset[str]] = frozenset()
+    _optional: ClassVar[tuple[Field, ...]] = ()
     _compared: ClassVar[tuple[str, ...]] = ()
+    _post_init: ClassVar[bool] = False
 
     def __init_subclass__(cls, *, frozen: bool = False, eq: bool = True, **options: Any) -> None:
         super().__init_subclass__(**options)
@@ -120,6 +124,10 @@ class Struct:
             if after.required and not before.required:
                 raise TypeError(f"{cls.__name__}: field {after.name!r} has no default but follows {before.name!r}")
         cls._fields = fields
+        cls._names = tuple(spec.name for spec in fields)
+        cls._named = frozenset(cls._names)
+        cls._optional = tuple(spec for spec in fields if not spec.required)
+        cls._post_init = hasattr(cls, "__post_init__")
         cls._compared = tuple(spec.name for spec in fields if spec.compare)
         own = cls.__dict__
         if eq and "__eq__" not in own:
@@ -131,27 +139,31 @@ class Struct:
             cls.__delattr__ = _refuse_assignment  # type: ignore[assignment]
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
-        fields = self._fields
-        name = type(self).__name__
-        if len(args) > len(fields):
-            raise TypeError(f"{name}() takes {len(fields)} positional arguments but {len(args)} were given")
-        given = dict(zip((spec.name for spec in fields), args, strict=False))  # args are no more than fields
-        for key, value in kwargs.items():
-            if key in given:
-                raise TypeError(f"{name}() got multiple values for argument {key!r}")
-            given[key] = value
-        for spec in fields:
-            value = given.pop(spec.name, _MISSING)
-            if value is _MISSING:
-                if spec.required:
-                    raise TypeError(f"{name}() missing required argument {spec.name!r}")
-                value = spec.initial()
-            object.__setattr__(self, spec.name, value)
-        if given:
-            raise TypeError(f"{name}() got an unexpected keyword argument {next(iter(given))!r}")
-        post_init = getattr(self, "__post_init__", None)
-        if post_init is not None:
-            post_init()
+        names = self._names
+        if len(args) > len(names):
+            raise TypeError(
+                f"{type(self).__name__}() takes {len(names)} positional arguments but {len(args)} were given"
+            )
+        values = dict(zip(names, args, strict=False))  # args are no more than fields
+        if kwargs:
+            if not values.keys().isdisjoint(kwargs):
+                twice = next(name for name in kwargs if name in values)
+                raise TypeError(f"{type(self).__name__}() got multiple values for argument {twice!r}")
+            if not self._named.issuperset(kwargs):
+                unknown = next(name for name in kwargs if name not in self._named)
+                raise TypeError(f"{type(self).__name__}() got an unexpected keyword argument {unknown!r}")
+            values.update(kwargs)
+        if len(values) < len(names):
+            for spec in self._optional:
+                if spec.name not in values:
+                    values[spec.name] = spec.initial()
+            if len(values) < len(names):
+                missing = next(name for name in names if name not in values)
+                raise TypeError(f"{type(self).__name__}() missing required argument {missing!r}")
+        # Straight into the instance's dict: a frozen struct's __setattr__ refuses, as dataclasses' __init__ goes around it.
+        self.__dict__.update(values)
+        if self._post_init:
+            getattr(self, "__post_init__")()  # noqa: B009 (a subclass's method, unknown to Struct)
 
     def __repr__(self) -> str:
         shown = ", ".join(f"{spec.name}={getattr(self, spec.name)!r}" for spec in self._fields)

@@ -29,9 +29,11 @@ os._exit = exit_reporting_modules
 main(sys.argv[2:])
 """
 
-NOT_LOADED = ("click", "importlib.metadata")
+NOT_LOADED = ("click", "importlib.metadata", "typing", "dataclasses", "inspect", "json", "uuid")
 """Libraries a plain launch has no use for, whose import alone costs it milliseconds: click answers only
-``--help``, ``--version`` and completion; the installed packages are read from their folders."""
+``--help``, ``--version`` and completion; the installed packages are read from their folders; types are
+for type checkers, and structs (:mod:`xlarun.structs`) make no code at import as dataclasses do (which loads
+``inspect``); JSON is read and written only where a record is; the standalone run id is made without ``uuid``."""
 
 ONE_NODE_CPU_LAUNCH = [
     "xlarun",
@@ -66,6 +68,7 @@ ONE_NODE_CPU_LAUNCH = [
     "xlarun.runtimes.cpu",
     "xlarun.runtimes.pjrt",
     "xlarun.runtimes.releases",
+    "xlarun.structs",
     "xlarun.supervision",
     "xlarun.supervision.agent",
     "xlarun.supervision.end",
