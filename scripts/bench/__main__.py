@@ -12,14 +12,17 @@ from . import __doc__ as package_doc
 from .agent_cpu import AGENT_CPU_NODES, AGENT_CPU_RUN_S, run_agent_cpu
 from .common import LAUNCHERS, REPO, BenchError, progress
 from .launch import QUICK, compare_launchers
+from .share import compare_trees
 
 # pod-scale's defaults: its module is imported only when it runs (see main).
 POD_NODES = (8, 64, 512, 2048)
 POD_WINDOW_S = 10.0
 
 
-def check_bin_dir(parser: argparse.ArgumentParser, bin_dir: str) -> None:
-    for name in (*LAUNCHERS, "python"):
+def check_bin_dir(
+    parser: argparse.ArgumentParser, bin_dir: str, names: tuple[str, ...] = (*LAUNCHERS, "python")
+) -> None:
+    for name in names:
         if not os.access(Path(bin_dir) / name, os.X_OK):
             parser.error(f"no executable {name} in --bin-dir {bin_dir}")
 
@@ -46,6 +49,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help=f"only {QUICK.launch_workers} workers for the launch and "
         f"{QUICK.tee_lines_per_worker} tee lines per worker",
     )
+
+    share = subcommands.add_parser(
+        "share",
+        parents=[report, launchers],
+        help="xlarun's own share of a launch, this checkout against other source trees (git worktrees)",
+    )
+    share.add_argument("trees", nargs="+", metavar="TREE", help="an xlarun source tree, such as a git worktree")
+    share.add_argument("--repeat", type=int, default=15, help="runs per tree (default 15)")
 
     pod = subcommands.add_parser(
         "pod-scale", parents=[report], help="the simulation of many nodes against one store (its own table)"
@@ -76,6 +87,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if args.repeat < 1:
             launch.error(f"--repeat must be at least 1, got {args.repeat}")
         check_bin_dir(launch, args.bin_dir)
+    elif args.subcommand == "share":
+        if args.repeat < 1:
+            share.error(f"--repeat must be at least 1, got {args.repeat}")
+        check_bin_dir(share, args.bin_dir, ("python",))
     elif args.subcommand == "pod-scale":
         try:
             args.nodes = tuple(int(count) for count in args.nodes.split(","))
@@ -96,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.subcommand == "launch":
             lines = compare_launchers(Path(args.bin_dir).absolute(), args.repeat, args.quick)
+        elif args.subcommand == "share":
+            trees = [REPO, *(Path(tree).absolute() for tree in args.trees)]
+            lines = compare_trees(Path(args.bin_dir).absolute(), trees, args.repeat)
         elif args.subcommand == "pod-scale":
             # Only this subcommand needs xlarun's multi-node rendezvous: the others run without it.
             from .pod_scale import run_pod_scale

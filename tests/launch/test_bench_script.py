@@ -74,6 +74,33 @@ def test_quick_run_prints_a_table_with_both_launchers(tmp_path):
     assert markdown.read_text() == finished.stdout
 
 
+def test_share_run_prints_each_trees_share_in_interpreter_starts(tmp_path: Path) -> None:
+    """This checkout against itself given as the other tree: two rows, each a number of starts and a fraction."""
+    finished = subprocess.run(
+        [sys.executable, "-m", "scripts.bench", "share", str(REPO), "--repeat", "1", "--bin-dir", str(BIN_DIR)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert finished.returncode == 0, finished.stderr
+    rows = [cells for name, cells in table_rows(finished.stdout).items() if name != "source tree"]
+    assert len(rows) == 1 and rows[0][0] == str(REPO), finished.stdout  # both rows name the same tree
+    assert re.fullmatch(rf"-?{NUMBER} \(-?{NUMBER}–-?{NUMBER}\)", rows[0][2]) and re.fullmatch(NUMBER, rows[0][3]), rows
+
+
+def test_share_refuses_a_folder_without_xlarun_source(tmp_path: Path) -> None:
+    finished = subprocess.run(
+        [sys.executable, "-m", "scripts.bench", "share", str(tmp_path), "--repeat", "1", "--bin-dir", str(BIN_DIR)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert finished.returncode == 1
+    assert finished.stderr.strip() == f"bench: {tmp_path} holds no xlarun source tree (no xlarun/cli/command.py)"
+
+
 def test_tee_check_counts_lost_torn_and_unprefixed_lines():
     whole = [b"[default0]:" + tee_line(0), b"[default1]:" + tee_line(1)] * 3
     console = b"\n".join(whole) + b"\n"
