@@ -175,12 +175,18 @@ def test_status_counts_each_ranks_steps_and_marks_a_straggler(state: dict[str, s
 def test_attach_leaves_the_run_going_on_ctrl_c(state: dict[str, str], out_dir: Path) -> None:
     job_id = detach(state, "--nproc-per-node", "1", RELEASED, str(out_dir), "0")
     started_workers(out_dir, 1)
-    attached = start_xlarun("--attach", job_id, env=state)
+    # Python's fault handler, to show where it stands if it outlives the SIGINT (SIGABRT dumps every thread's stack).
+    attached = start_xlarun("--attach", job_id, env={**state, "PYTHONFAULTHANDLER": "1"})
     try:
         assert attached.stdout is not None
         assert attached.stdout.readline() == "r0 started\n"
         attached.send_signal(signal.SIGINT)
-        assert attached.wait(timeout=60) == 0
+        try:
+            code = attached.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            attached.send_signal(signal.SIGABRT)
+            pytest.fail(f"--attach still ran 60 s after SIGINT; its stderr:\n{attached.communicate(timeout=30)[1]}")
+        assert code == 0
     finally:
         attached.kill()
         attached.communicate()
