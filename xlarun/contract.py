@@ -137,7 +137,6 @@ def hook_variables(stacks_file: str, environ: Mapping[str, str]) -> dict[str, st
 
 # --- the error file --------------------------------------------------------------------------------
 
-
 ERROR_FILE_VARIABLE = "TORCHELASTIC_ERROR_FILE"
 
 

@@ -74,15 +74,20 @@ def test_quick_run_prints_a_table_with_both_launchers(tmp_path):
     assert markdown.read_text() == finished.stdout
 
 
-def test_share_run_prints_each_trees_share_in_interpreter_starts(tmp_path: Path) -> None:
-    """This checkout against itself given as the other tree: two rows, each a number of starts and a fraction."""
-    finished = subprocess.run(
-        [sys.executable, "-m", "scripts.bench", "share", str(REPO), "--repeat", "1", "--bin-dir", str(BIN_DIR)],
+def run_share(tree: Path) -> subprocess.CompletedProcess[str]:
+    """``share`` of this checkout against ``tree``, one run each."""
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.bench", "share", str(tree), "--repeat", "1", "--bin-dir", str(BIN_DIR)],
         cwd=REPO,
         capture_output=True,
         text=True,
         timeout=120,
     )
+
+
+def test_share_run_prints_each_trees_share_in_interpreter_starts() -> None:
+    """This checkout against itself given as the other tree: two rows, each a number of starts and a fraction."""
+    finished = run_share(REPO)
     assert finished.returncode == 0, finished.stderr
     rows = [cells for name, cells in table_rows(finished.stdout).items() if name != "source tree"]
     assert len(rows) == 1 and rows[0][0] == str(REPO), finished.stdout  # both rows name the same tree
@@ -90,13 +95,7 @@ def test_share_run_prints_each_trees_share_in_interpreter_starts(tmp_path: Path)
 
 
 def test_share_refuses_a_folder_without_xlarun_source(tmp_path: Path) -> None:
-    finished = subprocess.run(
-        [sys.executable, "-m", "scripts.bench", "share", str(tmp_path), "--repeat", "1", "--bin-dir", str(BIN_DIR)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    finished = run_share(tmp_path)
     assert finished.returncode == 1
     assert finished.stderr.strip() == f"bench: {tmp_path} holds no xlarun source tree (no xlarun/cli/command.py)"
 
