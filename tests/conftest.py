@@ -99,14 +99,16 @@ FOREGROUND_DISPOSITIONS: dict[signal.Signals, Callable[..., object] | signal.Han
 ``KeyboardInterrupt``, the others take their default action."""
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def foreground_signals() -> Iterator[None]:
-    """The stop signals as a process started in a shell's foreground has them, for this test and
-    the launchers it starts (a Python handler becomes the default action at ``exec``).
+    """Every test runs with the stop signals as a process started in a shell's foreground has them, and so
+    do the launchers it starts (a Python handler becomes the default action at ``exec``): a test's outcome
+    does not depend on how the suite was started.
 
     A suite started in the background (``nohup … &`` from a script) inherits SIGINT and SIGQUIT
-    ignored, and SIGHUP too under ``nohup``, and every launcher it starts inherits them so in turn: a
-    test of what a signal left out of ``--signals-to-handle`` does would see nothing happen.
+    ignored, and SIGHUP too under ``nohup``, and every process it starts inherits them so in turn: a
+    launcher would ignore the signals a test sends it, as a Ctrl-C that ``xlarun --attach`` never sees,
+    and a test of what a signal left out of ``--signals-to-handle`` does would see nothing happen.
     """
     previous = {number: signal.signal(number, handler) for number, handler in FOREGROUND_DISPOSITIONS.items()}
     try:

@@ -61,7 +61,6 @@ def started_workers(out_dir: Path, count: int) -> list[int]:
     return [read_pid(path) for path in paths]
 
 
-@pytest.mark.usefixtures("foreground_signals")
 def test_a_detached_run_outlives_its_callers_session_and_wait_gives_its_exit_code(
     state: dict[str, str], out_dir: Path
 ) -> None:

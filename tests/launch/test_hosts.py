@@ -151,7 +151,6 @@ def test_a_stop_signal_stops_every_host_before_the_launcher_exits(
     assert (record["result"], record["exit_code"]) == ("signaled", code)
 
 
-@pytest.mark.usefixtures("foreground_signals")
 def test_a_signal_left_out_of_the_list_keeps_its_default_action_and_the_hosts_stop(
     start: Callable[..., Job], out_dir: Path
 ) -> None:

@@ -492,7 +492,6 @@ def test_an_interrupt_stops_every_worker_and_the_next_launch_works(tmp_path: Pat
     assert out.splitlines()[-2:] == ["interrupted", "[0, 1]"]
 
 
-@pytest.mark.usefixtures("foreground_signals")
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP], ids=["SIGTERM", "SIGHUP"])
 def test_a_caller_stopped_by_a_signal_ends_by_it_with_its_private_directory_gone(
     tmp_path: Path, stop: signal.Signals

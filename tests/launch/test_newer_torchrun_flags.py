@@ -66,7 +66,6 @@ def test_usr1_listed_or_not_reaches_every_worker_and_the_run_goes_on(out_dir: Pa
     assert [recorded_signals(out_dir, rank)[-1] for rank in (0, 1)] == ["SIGINT", "SIGINT"]
 
 
-@pytest.mark.usefixtures("foreground_signals")
 @pytest.mark.parametrize("number", [signal.SIGTERM, signal.SIGINT], ids=lambda number: number.name)
 def test_a_signal_left_out_keeps_its_default_action_and_the_guard_takes_the_workers(
     out_dir: Path, port: int, number: signal.Signals

@@ -221,7 +221,6 @@ def test_an_empty_filter_copies_every_line_as_torchruns_does(tmp_path: Path) -> 
     assert (tmp_path / "filtered_stdout.log").read_text() == "a\n\nb\n"
 
 
-@pytest.mark.usefixtures("foreground_signals")
 def test_signals_left_out_keep_their_default_action_and_usr1_never_stops() -> None:
     with SignalInbox((signal.SIGHUP, signal.SIGUSR1)) as inbox:
         assert inbox.stop_signals == (signal.SIGHUP,)
@@ -233,7 +232,6 @@ def test_signals_left_out_keep_their_default_action_and_usr1_never_stops() -> No
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-@pytest.mark.usefixtures("foreground_signals")
 def test_a_signal_inherited_ignored_stays_ignored_unless_listed() -> None:
     """As torchrun: a listed stop signal is handled even where the launcher was started with it
     ignored (``nohup … &``), and one left out stays ignored."""
