@@ -26,7 +26,6 @@ their workers with the same ``sys.executable``.
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
 import random
@@ -37,7 +36,6 @@ import socket
 import statistics
 import subprocess
 import sys
-import termios
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
@@ -335,10 +333,22 @@ def slack_s(seconds: float) -> float:
 
 
 def pipe_is_full(read_fd: int) -> Callable[[], bool]:
-    """Whether the pipe read at ``read_fd`` has no room for another atomic write (``PIPE_BUF`` bytes), so that its
-    writers wait in their writes (or, writing without blocking, are refused)."""
-    room = fcntl.fcntl(read_fd, fcntl.F_GETPIPE_SZ) - select.PIPE_BUF
-    return lambda: int.from_bytes(fcntl.ioctl(read_fd, termios.FIONREAD, bytes(4)), sys.byteorder) > room
+    """Whether the pipe read at ``read_fd`` is full, so that its writers wait in their writes (or, writing
+    without blocking, are refused): the pipe is not writable, as its writers' ``poll`` sees it.
+
+    Bytes are no measure: the kernel fills a pipe in page-sized slots, and a write that does not fit in the
+    rest of the last slot starts a new one, so a full 64 KiB pipe holds from 48,000 bytes (writes of 3,000)
+    to 65,536. The check opens a write end of its own (``/proc/self/fd``), for a moment."""
+    path = f"/proc/self/fd/{read_fd}"
+
+    def full() -> bool:
+        write_fd = os.open(path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        try:
+            return not select.select([], [write_fd], [], 0)[1]
+        finally:
+            os.close(write_fd)
+
+    return full
 
 
 def files_exist(*paths: os.PathLike | str) -> Callable[[], bool]:
