@@ -4,11 +4,13 @@
 - ``port``: a free port for ``--master-port``.
 - ``nodes``: the multi-node agents a test starts (:class:`multinode.Nodes`); whatever is left of
   them is killed at teardown.
-- ``foreground_signals``: the stop signals' dispositions of a process started in a shell's
-  foreground, for the tests that need them (see the fixture).
+- ``foreground_signals``: for every test, the stop signals' dispositions of a process started in a
+  shell's foreground, however the suite was started (see the fixture).
 - ``slurm_env``: a session fixture, the environment for ``srun`` on the Slurm test cluster, which
   it stops at the end of the session unless another session still uses it. Tests that use it
   carry the ``slurm`` marker, so ``-m "not slurm"`` never starts the cluster.
+- ``kill_witness``: the session's record of the SIGKILLs and SIGTERMs sent on the machine, and by whom
+  (:mod:`kill_witness`), which also ends a failing test's report; the test skips where there is none.
 - ``ssh_hosts``: a session fixture, the private OpenSSH server on loopback with its three hosts
   ``h1``, ``h2``, ``h3`` (:class:`sshd.SshHosts`), stopped at the end of the session. Tests that
   use it carry the ``ssh`` marker.
@@ -23,11 +25,13 @@ from __future__ import annotations
 
 import os
 import signal
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 
 import pytest
 from helpers import TESTS, free_port, use_launcher_tmpdir
+from kill_witness import KillWitness
 from multinode import Nodes
 from sshd import SshHosts
 from sshd import ssh_hosts as private_sshd
@@ -41,6 +45,7 @@ TORCH_FREE = frozenset(
         "test_exit_codes.py",
         "test_faults.py",
         "test_input_bounds.py",
+        "test_kill_witness.py",
         "test_metadata.py",
         "test_notebook.py",
         "test_orphans.py",
@@ -139,6 +144,44 @@ def ssh_hosts() -> Iterator[SshHosts]:
     (see ``tests/sshd.py``), started once per session and stopped with every session it served."""
     with private_sshd() as hosts:
         yield hosts
+
+
+WITNESS = pytest.StashKey[KillWitness | None]()
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    session.config.stash[WITNESS] = KillWitness.open()
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    witness = session.config.stash.get(WITNESS, None)
+    if witness is not None:
+        witness.close()
+
+
+@pytest.fixture
+def kill_witness(request: pytest.FixtureRequest) -> KillWitness:
+    """The session's :class:`~kill_witness.KillWitness`; the test skips where the session has none."""
+    witness = request.config.stash.get(WITNESS, None)
+    if witness is None:
+        pytest.skip("this session has no kill witness (it takes root and tracefs)")
+    return witness
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    """A failing test's report ends with the SIGKILLs and SIGTERMs sent on the machine while it ran, and by
+    whom (:mod:`kill_witness`), where the session has a witness."""
+    report = yield
+    witness = item.config.stash.get(WITNESS, None)
+    if report.failed and witness is not None:
+        # CallInfo keeps wall-clock times; the trace keeps the monotonic clock's.
+        to_monotonic = time.monotonic() - time.time()
+        sent = witness.sent_between(call.start + to_monotonic, call.stop + to_monotonic)
+        report.sections.append(("SIGKILL and SIGTERM sent while it ran (s before its end)", "\n".join(sent) or "none"))
+    return report
 
 
 @pytest.hookimpl(tryfirst=True)
