@@ -19,10 +19,12 @@ retried "pip install" "$work/venv/bin/python" -m pip install --quiet --disable-p
     --constraint constraints.txt "${wheels[@]}"
 
 cd "$work"
+# One write per line: the workers share the launcher's stdout (no --tee), and print() under PYTHONUNBUFFERED=1
+# writes a line and its newline apart, so that one rank's line could land inside the other's.
 cat >ranks.py <<'EOF'
 import os
 
-print(f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}", flush=True)
+os.write(1, f"rank {os.environ['RANK']} of {os.environ['WORLD_SIZE']}\n".encode())
 EOF
 # Nothing of the source tree may stand in for the installed package.
 unset PYTHONPATH
