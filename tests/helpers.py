@@ -337,8 +337,9 @@ def pipe_is_full(read_fd: int) -> Callable[[], bool]:
     without blocking, are refused): the pipe is not writable, as its writers' ``poll`` sees it.
 
     Bytes are no measure: the kernel fills a pipe in page-sized slots, and a write that does not fit in the
-    rest of the last slot starts a new one, so a full 64 KiB pipe holds from 48,000 bytes (writes of 3,000)
-    to 65,536. The check opens a write end of its own (``/proc/self/fd``), for a moment."""
+    rest of the last slot starts a new one, so a full 64 KiB pipe may hold far less than 64 KiB: 48,000 bytes
+    where it was written 3,000 at a time. The check opens a write end of its own (``/proc/self/fd``), for a
+    moment."""
     path = f"/proc/self/fd/{read_fd}"
 
     def full() -> bool:
