@@ -36,6 +36,8 @@ EVENT = (
     r"^\s*(?P<sender>.+)-(?P<tid>\d+)\s+(?:\(\s*[\d-]+\)\s+)?\[\d+\]\s+\S+\s+(?P<seconds>[\d.]+): signal_generate: "
     r"sig=(?P<sig>\d+) errno=\d+ code=(?P<code>-?\d+) comm=(?P<target>.*) pid=(?P<pid>\d+) grp=\d+ res=(?P<res>\d+)$"
 )
+EVENT_DIRECTORY = Path("events", "signal", "signal_generate")
+"""The event's settings, under an instance."""
 RESULTS = {"0": "", "1": " (not delivered: ignored, or its target was ending)", "2": " (one was pending already)"}
 
 
@@ -54,7 +56,7 @@ class KillWitness:
         try:
             instance.mkdir()
             (instance / "trace_clock").write_text("mono")
-            event = instance / "events" / "signal" / "signal_generate"
+            event = instance / EVENT_DIRECTORY
             (event / "filter").write_text(" || ".join(f"sig == {int(number)}" for number in WATCHED))
             (event / "enable").write_text("1")
         except OSError:
@@ -76,7 +78,7 @@ class KillWitness:
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
-            (self.instance / "events" / "signal" / "signal_generate" / "enable").write_text("0")
+            (self.instance / EVENT_DIRECTORY / "enable").write_text("0")
             self.instance.rmdir()
 
 

@@ -4,19 +4,16 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 from pathlib import Path
 
-from helpers import wait_for
+from helpers import hold_open
 from kill_witness import KillWitness
 
 
 def test_a_sigkill_is_named_with_its_sender_and_its_target(kill_witness: KillWitness) -> None:
     start = time.monotonic()
-    bystander = subprocess.Popen(["sleep", "600"], start_new_session=True)
-    # Popen returns once the exec began, before the kernel gives the process its new name.
-    wait_for(lambda: Path(f"/proc/{bystander.pid}/comm").read_text() == "sleep\n", "sleep to take its name")
+    bystander = hold_open(os.devnull, 600)  # returned once the kernel shows it as sleep
     os.kill(bystander.pid, signal.SIGKILL)
     assert bystander.wait(timeout=60) == -signal.SIGKILL
     sent = kill_witness.sent_between(start, time.monotonic())
