@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from .common import (
     name_of,
     process_cpu_seconds,
     progress,
+    scratch_directory,
 )
 
 AGENT_CPU_NODES = (2, 24)
@@ -95,7 +95,7 @@ def agent_cpu(launcher: str, bin_dir: Path, scratch: Path, count: int, run_s: in
 
 def run_agent_cpu(bin_dir: Path, run_s: int) -> list[str]:
     samples: dict[tuple[str, int], AgentCpu] = {}
-    with tempfile.TemporaryDirectory(prefix="xlarun-bench-") as scratch:
+    with scratch_directory() as scratch:
         for count in AGENT_CPU_NODES:
             for launcher in LAUNCHERS:
                 progress(f"bench: node 0's agent CPU, {launcher}, {count} loopback nodes, {run_s} s")

@@ -11,6 +11,7 @@ import os
 import platform
 import signal
 import sys
+import tempfile
 from pathlib import Path
 
 from xlarun.host.procfs import CLOCK_TICKS, stat_fields
@@ -43,6 +44,14 @@ STAT_SESSION, STAT_UTIME, STAT_STIME = 6, 14, 15
 
 class BenchError(RuntimeError):
     """A launcher or worker exited with a code the measure did not expect."""
+
+
+def scratch_directory() -> tempfile.TemporaryDirectory[str]:
+    """The directory a run's logs, marks and worker scripts live in. The launchers' and the workers' command
+    lines hold its path, so its name names neither launcher: a kill by name aimed at one launcher
+    (``pkill -f xlarun``, as docs/signals.md describes ending xlarun's processes) ends that launcher's
+    runs, never the other's measure."""
+    return tempfile.TemporaryDirectory(prefix="launcher-bench-")
 
 
 def progress(text: str) -> None:

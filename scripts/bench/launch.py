@@ -42,7 +42,6 @@ import platform
 import shlex
 import statistics
 import subprocess
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -62,6 +61,7 @@ from .common import (
     name_of,
     peak_rss_kib,
     progress,
+    scratch_directory,
     session_of,
     unexpected_end,
 )
@@ -596,7 +596,7 @@ def markdown_table(measures: list[Measure]) -> list[str]:
 def compare_launchers(bin_dir: Path, repeat: int, quick: bool) -> list[str]:
     """The ``launch`` run: xlarun and torchrun side by side, as a report."""
     load_before = os.getloadavg()
-    with tempfile.TemporaryDirectory(prefix="xlarun-bench-") as scratch:
+    with scratch_directory() as scratch:
         runner = Runner(bin_dir, Path(scratch))
         measures = run_benchmark(runner, repeat, QUICK if quick else FULL)
         facts = machine_facts(runner.python(), repeat, quick, load_before)

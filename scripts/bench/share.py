@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import statistics
 import subprocess
-import tempfile
 from pathlib import Path
 
-from .common import BenchError, progress
+from .common import BenchError, progress, scratch_directory
 from .launch import Runner, time_interpreter_start, time_shell_floor, time_to_exit
 
 WORKERS = 2
@@ -42,7 +41,7 @@ def compare_trees(bin_dir: Path, trees: list[Path], repeat: int) -> list[str]:
         if not (tree / "xlarun" / "cli" / "command.py").is_file():
             raise BenchError(f"{tree} holds no xlarun source tree (no xlarun/cli/command.py)")
     shares: dict[Path, list[float]] = {tree: [] for tree in trees}
-    with tempfile.TemporaryDirectory(prefix="xlarun-bench-") as scratch:
+    with scratch_directory() as scratch:
         runner = Runner(bin_dir, Path(scratch))
         for index, tree in enumerate(trees):
             tree_launch(runner, tree, f"warm-{index}")

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO
 
-from scripts.bench.common import BenchError
+from scripts.bench.common import LAUNCHERS, BenchError, scratch_directory
 from scripts.bench.launch import Runner, damaged_lines, tee_line, time_crash_to_exit
 
 # The package runs from the repository root, where ``scripts`` is a namespace package.
@@ -146,3 +146,16 @@ def test_a_launcher_that_ends_before_the_crash_is_no_crash_to_time(tmp_path: Pat
     with pytest.raises(BenchError) as refused:
         time_crash_to_exit(Runner(bin_dir, scratch), "torchrun")
     assert str(refused.value).startswith(reported) and str(refused.value).endswith("the rendezvous failed")
+
+
+def test_what_the_bench_puts_on_a_launchers_command_line_names_no_other_launcher() -> None:
+    """A kill by name aimed at one launcher (``pkill -9 -f xlarun``) ends that launcher's runs only: the
+    scratch paths on each launcher's command line and on its workers' name no other launcher."""
+    with scratch_directory() as scratch:
+        runner = Runner(BIN_DIR, Path(scratch))
+        for launcher in LAUNCHERS:
+            run_dir = runner.fresh_dir(f"crash-{launcher}")
+            # argv[0] is the launcher's own program, wherever the user installed it.
+            _, *arguments = runner.launcher_argv(launcher, 5, run_dir / "logs", runner.scripts["crash"], str(run_dir))
+            others = [other for other in LAUNCHERS if other != launcher]
+            assert not [argument for argument in arguments if any(other in argument for other in others)], arguments
